@@ -1,0 +1,25 @@
+"""User-facing errors: the CLI prints str(error) on one line and exits non-zero."""
+
+
+class KvtierError(Exception):
+    """Base class for every error a user can cause (bad input, bad files, no space)."""
+
+
+class ConfigError(KvtierError):
+    """An option value that cannot work (unparsable size, budget too small, ...)."""
+
+
+class ModelError(KvtierError):
+    """Unknown model, failed install, hash mismatch, unreadable weights."""
+
+
+class StorageError(KvtierError):
+    """A storage file or directory that cannot be used (missing, unwritable, full, foreign)."""
+
+
+class ChecksumError(StorageError):
+    """Data read back from a storage file does not match the checksum written with it."""
+
+
+class ContextTooLongError(KvtierError):
+    """Prompt plus requested new tokens exceed the model's context window."""

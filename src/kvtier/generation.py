@@ -1,0 +1,147 @@
+"""Greedy generation with a chosen KV mode: chunked prefill with progress, streamed decode, measured summary."""
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from kvtier.errors import ContextTooLongError
+from kvtier.kv.factory import KVConfig, close_cache, make_cache, tier_bytes
+
+
+@dataclass
+class GenerationResult:
+    """What one generation produced and what it cost. Every KV mode reports the same fields."""
+
+    text: str
+    token_ids: list[int]
+    kv_mode: str
+    prefill_tokens: int
+    decode_tokens: int
+    prefill_s: float
+    decode_s: float
+    ms_per_token: float  # decode_s over the decode forward passes (the first new token comes from prefill)
+    disk_bytes_read: int
+    disk_bytes_written: int
+    kv_bytes: dict[str, int] = field(default_factory=dict)  # device / host / storage at the end
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def prompt_ids(llm, prompt: str) -> torch.Tensor:
+    """Token ids of `prompt` as a single user turn (chat template when the model has one), shape [1, n]."""
+    if llm.has_chat_template:
+        messages = [{"role": "user", "content": prompt}]
+        ids = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    else:
+        ids = llm.tokenizer(prompt)["input_ids"]
+    ids = ids["input_ids"] if isinstance(ids, dict) else ids
+    return torch.tensor([list(ids)], dtype=torch.long)
+
+
+def check_context(llm, prompt_tokens: int, max_new_tokens: int) -> None:
+    total = prompt_tokens + max_new_tokens
+    if total > llm.context_length:
+        raise ContextTooLongError(
+            f"prompt of {prompt_tokens} tokens + {max_new_tokens} new tokens exceeds the {llm.context_length}-token "
+            f"context of {llm.name}; shorten the input or lower --max-new-tokens"
+        )
+
+
+def _eos_ids(llm) -> set[int]:
+    eos = llm.model.generation_config.eos_token_id
+    if eos is None:
+        eos = llm.tokenizer.eos_token_id
+    return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+
+def _prefill(model, input_ids: torch.Tensor, cache, chunk: int, progress: bool) -> torch.Tensor:
+    """Run the prompt through the model in chunks of `chunk` tokens; return the last position's logits."""
+    total = input_ids.shape[1]
+    with tqdm(total=total, desc="prefill", unit="tok", disable=not progress, file=sys.stderr, leave=False) as bar:
+        for start in range(0, total, chunk):
+            piece = input_ids[:, start : start + chunk]
+            logits = model(input_ids=piece, cache=cache, use_cache=True, logits_to_keep=1).logits
+            bar.update(piece.shape[1])
+    return logits[:, -1, :]
+
+
+def _disk_bytes(cache) -> tuple[int, int]:
+    io_stats = getattr(cache, "io_stats", None)  # sparse caches: host I/O plus the scorer's sketch reads
+    if io_stats is not None:
+        stats = io_stats()
+        return stats.bytes_read, stats.bytes_written
+    store = getattr(cache, "store", None)
+    if store is None:
+        return 0, 0
+    stats = store.file.io.stats
+    return stats.bytes_read, stats.bytes_written
+
+
+def generate(
+    llm,
+    prompt: str,
+    max_new_tokens: int = 64,
+    kv_config: KVConfig | None = None,
+    prefill_chunk: int = 1024,
+    on_text: Callable[[str], None] | None = None,
+    progress: bool = True,
+    input_ids: torch.Tensor | None = None,
+) -> GenerationResult:
+    """Greedy-decode up to `max_new_tokens` tokens after `prompt` (or after explicit `input_ids`).
+
+    `on_text` receives each new piece of decoded text as it is produced.
+    """
+    kv_config = (kv_config or KVConfig()).validated()
+    ids = prompt_ids(llm, prompt) if input_ids is None else input_ids
+    check_context(llm, ids.shape[1], max_new_tokens)
+    model, eos = llm.model, _eos_ids(llm)
+    with torch.inference_mode():
+        cache = make_cache(model, kv_config, ids.shape[1] + max_new_tokens, ids.shape[0], llm.model_id)
+        try:
+            started = time.perf_counter()
+            logits = _prefill(model, ids.to(model.device), cache, prefill_chunk, progress)
+            prefilled = time.perf_counter()
+            new_ids = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text)
+            finished = time.perf_counter()
+            kv_bytes = tier_bytes(cache, model)
+            read, written = _disk_bytes(cache)
+        finally:
+            close_cache(cache)
+    passes = max(len(new_ids) - 1, 1)
+    return GenerationResult(
+        text=llm.tokenizer.decode(new_ids, skip_special_tokens=True),
+        token_ids=new_ids,
+        kv_mode=kv_config.kv,
+        prefill_tokens=ids.shape[1],
+        decode_tokens=len(new_ids),
+        prefill_s=prefilled - started,
+        decode_s=finished - prefilled,
+        ms_per_token=(finished - prefilled) * 1000 / passes,
+        disk_bytes_read=read,
+        disk_bytes_written=written,
+        kv_bytes=kv_bytes,
+    )
+
+
+def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer, on_text) -> list[int]:
+    """Greedy loop; stops at an end-of-sequence token (kept in the ids, as transformers does)."""
+    new_ids: list[int] = []
+    shown = ""
+    for _ in range(max_new_tokens):
+        token = int(logits.argmax(dim=-1)[0])
+        new_ids.append(token)
+        if on_text is not None:
+            text = tokenizer.decode(new_ids, skip_special_tokens=True)
+            if text.startswith(shown) and len(text) > len(shown):
+                on_text(text[len(shown) :])
+                shown = text
+        if token in eos or len(new_ids) == max_new_tokens:
+            break
+        step = torch.tensor([[token]], device=model.device)
+        logits = model(input_ids=step, cache=cache, use_cache=True).logits[:, -1, :]
+    return new_ids

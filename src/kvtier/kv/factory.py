@@ -1,0 +1,152 @@
+"""Build the transformers Cache for a KV mode: `dense` (reference), `offload` (device -> host -> disk) or `sparse` (HillInfer)."""
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
+
+from kvtier.errors import ConfigError, StorageError
+from kvtier.kv.budget import tier_capacity
+from kvtier.kv.offload import OffloadCache, OffloadLayer, TieredStore
+from kvtier.models.paths import cache_dir
+from kvtier.sparse.cache import make_sparse_cache
+from kvtier.sparse.settings import SparseSettings, parse_beta
+from kvtier.storage import IOEngine, KVBlockFile, KVGeometry
+from kvtier.units import parse_size
+
+KV_MODES = ("dense", "offload", "sparse")
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """Where the KV cache may live. Sizes accept units (`64MiB`)."""
+
+    kv: str = "dense"
+    device_kv_budget: int | str = "64MiB"
+    host_kv_budget: int | str = "256MiB"
+    storage_dir: str | None = None  # default: <user cache>/kv
+    block_tokens: int = 64  # HiFC's best block size (hifc.txt Fig. 6); 4 KiB-aligned for every packaged model
+    io_threads: int = 8
+    # sparse mode (kvtier.sparse.settings.SparseSettings documents each)
+    alpha: float = 0.2
+    score_bits: int = 8
+    beta: str | float = "auto"
+    sink: int = 4
+    recent: int = 64
+
+    def validated(self) -> "KVConfig":
+        if self.kv not in KV_MODES:
+            raise ConfigError(f"unknown KV mode {self.kv!r}; choose one of {', '.join(KV_MODES)}")
+        if not 1 <= self.block_tokens <= 4096:
+            raise ConfigError(f"block_tokens must be between 1 and 4096, got {self.block_tokens}")
+        if self.io_threads < 1:
+            raise ConfigError(f"io_threads must be at least 1, got {self.io_threads}")
+        parse_size(self.device_kv_budget), parse_size(self.host_kv_budget)  # unparsable sizes fail before any model load
+        self.sparse_settings()
+        return self
+
+    def sparse_settings(self) -> SparseSettings:
+        """The sparse-mode settings these options describe (validated)."""
+        return SparseSettings(alpha=self.alpha, score_bits=self.score_bits, beta=parse_beta(self.beta),
+                              sink=self.sink, recent=self.recent).validated()
+
+
+def default_storage_dir() -> Path:
+    return cache_dir() / "kv"
+
+
+def full_attention_layers(config) -> list[int]:
+    """Layers whose KV grows with the context (tiered); sliding-window layers stay on the device."""
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    return [i for i, kind in enumerate(layer_types) if kind != "sliding_attention"]
+
+
+def make_cache(model, kv_config: KVConfig, max_tokens: int, batch_size: int = 1, model_id: str = "model") -> Cache:
+    """A fresh Cache for one generation of up to `max_tokens` tokens per sequence.
+
+    Offload caches own a KV file; call `.close()` (or use `closing_cache`) to delete it.
+    """
+    kv_config = kv_config.validated()
+    config = model.config.get_text_config(decoder=True)
+    if kv_config.kv == "dense":
+        return DynamicCache(config=config)
+    if kv_config.kv == "sparse":
+        return make_sparse_cache(
+            model, kv_config.sparse_settings(), max_tokens, batch_size, str(_storage_directory(kv_config.storage_dir)),
+            parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget), full_attention_layers(config),
+            kv_config.block_tokens, kv_config.io_threads,
+        )
+    return _offload_cache(model, config, kv_config, max_tokens, batch_size, model_id)
+
+
+def _offload_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> OffloadCache:
+    tiered = full_attention_layers(config)
+    dtype = str(model.dtype).removeprefix("torch.")
+    geometry = KVGeometry.from_config(config, dtype)
+    geometry = KVGeometry(len(tiered), geometry.num_kv_heads, geometry.head_dim, dtype)
+    capacity = tier_capacity(
+        parse_size(kv_config.device_kv_budget),
+        parse_size(kv_config.host_kv_budget),
+        geometry.token_bytes,
+        kv_config.block_tokens,
+        batch_size,
+    )
+    blocks_per_seq = -(-max_tokens // kv_config.block_tokens)
+    file = KVBlockFile.create(
+        _kv_file_path(kv_config.storage_dir),
+        geometry,
+        kv_config.block_tokens,
+        blocks_per_seq * batch_size,
+        model_id,
+        io=IOEngine(kv_config.io_threads),
+    )
+    store = TieredStore(file, {layer: i for i, layer in enumerate(tiered)}, batch_size)
+    layers = []
+    for i in range(config.num_hidden_layers):
+        if i in store.tier_of_layer:
+            following = tiered[(tiered.index(i) + 1) % len(tiered)]
+            layers.append(OffloadLayer(i, store, capacity, following))
+        else:
+            layers.append(DynamicSlidingWindowLayer(sliding_window=config.sliding_window))
+    return OffloadCache(layers, store)
+
+
+def _kv_file_path(storage_dir: str | None) -> Path:
+    return _storage_directory(storage_dir) / f"kv-{os.getpid()}-{uuid.uuid4().hex[:8]}.kvt"
+
+
+def _storage_directory(storage_dir: str | None) -> Path:
+    """The directory for KV files (created when it is the default), checked to be writable."""
+    directory = Path(storage_dir) if storage_dir else default_storage_dir()
+    if storage_dir is None:
+        directory.mkdir(parents=True, exist_ok=True)
+    if not directory.is_dir():
+        raise StorageError(f"storage dir {directory} does not exist or is not a directory")
+    if not os.access(directory, os.W_OK):
+        raise StorageError(f"storage dir {directory} is not writable")
+    return directory
+
+
+def close_cache(cache: Cache) -> None:
+    """Release a cache's files (no-op for dense caches)."""
+    close = getattr(cache, "close", None)
+    if close is not None:
+        close()
+
+
+def tier_bytes(cache: Cache, model) -> dict[str, int]:
+    """Bytes of K+V currently held in each tier, over all layers and sequences."""
+    totals = {"device": 0, "host": 0, "storage": 0}
+    config = model.config.get_text_config(decoder=True)
+    per_token_layer = 2 * KVGeometry.from_config(config, str(model.dtype).removeprefix("torch.")).token_bytes_per_layer
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        batch = layer.keys.shape[0]
+        tokens = layer.tier_tokens() if hasattr(layer, "tier_tokens") else {"device": layer.keys.shape[-2]}
+        for tier, count in tokens.items():
+            totals[tier] += count * batch * per_token_layer
+    return totals

@@ -1,0 +1,206 @@
+"""FlexGen-style full offload: a transformers Cache whose KV spills device -> host -> disk.
+
+Each tiered layer keeps its tokens in order as [storage | host | device]: the
+oldest whole blocks live in a KVBlockFile on disk, the next blocks in host
+DRAM, the newest tokens on the compute device. Every decode step rebuilds the
+layer's full K/V by reading *all* its stored blocks from disk (O_DIRECT), so
+attention is exact and greedy output equals a dense cache token for token.
+
+Layer prefetch: right after layer l has assembled its K/V (the disk bytes are
+copied out of the staging buffer), the read of the next tiered layer's blocks
+is submitted to the I/O thread pool, so it overlaps layer l's attention and
+MLP. One staging buffer is enough because of that ordering.
+"""
+
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+
+from kvtier.errors import StorageError
+from kvtier.kv.budget import TierCapacity
+from kvtier.storage import K, V, KVBlockFile, aligned_buffer
+
+
+class TieredStore:
+    """The disk tier shared by all tiered layers: one block file, one staging buffer, one prefetch in flight."""
+
+    def __init__(self, file: KVBlockFile, tier_of_layer: dict[int, int], batch_size: int):
+        self.file = file
+        self.layout = file.layout
+        self.tier_of_layer = tier_of_layer  # model layer index -> index in the file
+        self.batch_size = batch_size
+        self.blocks_per_seq = self.layout.num_blocks // batch_size
+        self.stored_blocks = {layer: 0 for layer in tier_of_layer}
+        geometry = self.layout.geometry
+        self._block_shape = (self.layout.block_tokens, geometry.num_kv_heads, geometry.head_dim)
+        self._torch_dtype = getattr(torch, geometry.dtype)
+        self._staging = aligned_buffer(2 * batch_size * self.blocks_per_seq * self.layout.block_bytes)
+        self._pending: tuple[int, Future] | None = None
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def _staging_slot(self, kind: int, seq: int, block: int, num_blocks: int) -> np.ndarray:
+        start = ((kind * self.batch_size + seq) * num_blocks + block) * self.layout.block_bytes
+        return self._staging[start : start + self.layout.block_bytes]
+
+    def _read_plan(self, layer: int) -> list[tuple[int, int, int, np.ndarray]]:
+        tier, count = self.tier_of_layer[layer], self.stored_blocks[layer]
+        return [
+            (tier, kind, seq * self.blocks_per_seq + block, self._staging_slot(kind, seq, block, count))
+            for kind in (K, V)
+            for seq in range(self.batch_size)
+            for block in range(count)
+        ]
+
+    def prefetch(self, layer: int) -> None:
+        """Start reading `layer`'s stored blocks into the staging buffer (no-op when it has none)."""
+        if self.stored_blocks[layer]:
+            self._pending = (layer, self.file.submit_read_blocks(self._read_plan(layer)))
+
+    def load(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`layer`'s stored K and V as [batch, heads, tokens, head_dim] views of the staging buffer."""
+        count = self.stored_blocks[layer]
+        if not count:
+            return None
+        if self._pending is not None and self._pending[0] == layer:
+            self._pending[1].result()
+        else:
+            self.wait()
+            self.file.read_blocks(self._read_plan(layer))
+        self._pending = None
+        return self._as_tensor(K, count), self._as_tensor(V, count)
+
+    def _as_tensor(self, kind: int, count: int) -> torch.Tensor:
+        nbytes = self.batch_size * count * self.layout.block_bytes
+        start = kind * nbytes
+        flat = torch.from_numpy(self._staging[start : start + nbytes]).view(self._torch_dtype)
+        tokens = flat.view(self.batch_size, count * self._block_shape[0], *self._block_shape[1:])
+        return tokens.permute(0, 2, 1, 3)  # stored token-major; attention wants head-major
+
+    def wait(self) -> None:
+        """Finish any prefetch in flight (before writing or closing)."""
+        if self._pending is not None:
+            self._pending[1].result()
+            self._pending = None
+
+    # -- writing ---------------------------------------------------------------------------------------------
+    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write whole blocks of [batch, heads, n*T, head_dim] K/V after `layer`'s stored blocks."""
+        first = self.stored_blocks[layer]
+        count = keys.shape[-2] // self.layout.block_tokens
+        if first + count > self.blocks_per_seq:
+            raise StorageError(
+                f"{self.file.path}: KV file full ({self.blocks_per_seq * self.layout.block_tokens} tokens per sequence); "
+                "create the cache with a larger max_tokens"
+            )
+        self.wait()
+        writes = []
+        for kind, tensor in ((K, keys), (V, values)):
+            token_major = tensor.permute(0, 2, 1, 3).contiguous().cpu()
+            raw = token_major.view(torch.uint8).numpy().reshape(self.batch_size, count, self.layout.block_bytes)
+            tier = self.tier_of_layer[layer]
+            writes += [
+                (tier, kind, seq * self.blocks_per_seq + first + block, raw[seq, block])
+                for seq in range(self.batch_size)
+                for block in range(count)
+            ]
+        self.file.write_blocks(writes)
+        self.stored_blocks[layer] = first + count
+
+    def close(self) -> None:
+        self.wait()
+        self.file.remove()
+
+
+class OffloadLayer(CacheLayerMixin):
+    """One full-attention layer's KV across device, host and disk."""
+
+    is_sliding = False
+
+    def __init__(self, layer_idx: int, store: TieredStore, capacity: TierCapacity, next_layer: int, host_device="cpu"):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.store = store
+        self.capacity = capacity
+        self.next_layer = next_layer
+        self.host_device = torch.device(host_device)
+        self.host_keys = self.host_values = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        empty = key_states[..., :0, :]
+        self.keys, self.values = empty, empty
+        self.host_keys = self.host_values = empty.to(self.host_device)
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        full_keys, full_values = self._assemble()
+        self.store.prefetch(self.next_layer)  # overlaps this layer's attention; staging is free again
+        self._spill()
+        return full_keys, full_values
+
+    def _assemble(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[storage | host | device] K and V on the compute device, in token order."""
+        parts_k, parts_v = [], []
+        stored = self.store.load(self.layer_idx)
+        if stored is not None:
+            parts_k.append(stored[0].to(self.device))
+            parts_v.append(stored[1].to(self.device))
+        parts_k += [self.host_keys.to(self.device), self.keys]
+        parts_v += [self.host_values.to(self.device), self.values]
+        return torch.cat(parts_k, dim=-2), torch.cat(parts_v, dim=-2)
+
+    def _spill(self) -> None:
+        """Move whole oldest blocks device -> host, then host -> disk, until both fit their capacity."""
+        move = _tokens_over(self.keys.shape[-2], self.capacity.device_tokens, self.capacity.block_tokens)
+        if move:
+            self.host_keys = torch.cat([self.host_keys, self.keys[..., :move, :].to(self.host_device)], dim=-2)
+            self.host_values = torch.cat([self.host_values, self.values[..., :move, :].to(self.host_device)], dim=-2)
+            self.keys, self.values = self.keys[..., move:, :].clone(), self.values[..., move:, :].clone()
+        move = _tokens_over(self.host_keys.shape[-2], self.capacity.host_tokens, self.capacity.block_tokens)
+        if move:
+            self.store.append(self.layer_idx, self.host_keys[..., :move, :], self.host_values[..., :move, :])
+            self.host_keys = self.host_keys[..., move:, :].clone()
+            self.host_values = self.host_values[..., move:, :].clone()
+
+    def tier_tokens(self) -> dict[str, int]:
+        """Tokens per sequence in each tier."""
+        if not self.is_initialized:
+            return {"device": 0, "host": 0, "storage": 0}
+        stored = self.store.stored_blocks[self.layer_idx] * self.capacity.block_tokens
+        return {"device": self.keys.shape[-2], "host": self.host_keys.shape[-2], "storage": stored}
+
+    def get_seq_length(self) -> int:
+        return sum(self.tier_tokens().values())
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.store.blocks_per_seq * self.capacity.block_tokens
+
+
+def _tokens_over(count: int, capacity: int, block_tokens: int) -> int:
+    """Tokens (a whole number of blocks) to move so that `count` fits in `capacity`."""
+    excess = count - capacity
+    return 0 if excess <= 0 else -(-excess // block_tokens) * block_tokens
+
+
+class OffloadCache(Cache):
+    """Cache for `model(..., cache=...)` / `model.generate(cache=...)` with full-attention layers tiered to disk.
+
+    Sliding-window layers (Gemma 3) keep their bounded window on the device.
+    """
+
+    def __init__(self, layers: list, store: TieredStore):
+        super().__init__(layers=layers)
+        self.store = store
+
+    def close(self) -> None:
+        """Finish pending I/O and delete the KV file."""
+        self.store.close()

@@ -1,0 +1,1 @@
+"""HiFC swap path: many sequences under continuous batching, KV blocks swapped to a flash cache file."""

@@ -1,0 +1,68 @@
+"""The paged KV pool on the compute device: per layer, K and V tensors of fixed-size blocks.
+
+Each (layer, K|V) pool is one buffer of `num_blocks` blocks, viewed as a tensor
+[num_blocks, block_tokens, kv_heads, head_dim]. Blocks are `layout.block_stride`
+bytes apart (the payload rounded up to 4 KiB), so every block starts on a page:
+on the CPU the buffer comes from `aligned_buffer`, and a swap-out hands the
+block's own memory to pwritev with O_DIRECT, without a staging copy. On CUDA the
+pool is device memory (moved by the kvikio backend or by explicit copies).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvtier.storage import BlockLayout, KVGeometry, aligned_buffer
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class KVPool:
+    """K and V block tensors for every attention layer of a model."""
+
+    def __init__(self, geometry: KVGeometry, num_blocks: int, block_tokens: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.geometry = geometry
+        self.layout = BlockLayout(geometry, block_tokens, num_blocks)
+        self.device = torch.device(device)
+        self.dtype = TORCH_DTYPES[geometry.dtype]
+        self.num_blocks = num_blocks
+        self.block_tokens = block_tokens
+        # raw[layer][kind]: uint8 bytes of the whole pool; blocks[layer][kind]: the tensor view of it.
+        self._raw = [[self._backing() for _ in range(2)] for _ in range(geometry.num_layers)]
+        self.blocks = [[self._as_blocks(raw) for raw in pair] for pair in self._raw]
+
+    @property
+    def nbytes(self) -> int:
+        return self.geometry.num_layers * 2 * self.num_blocks * self.layout.block_stride
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self.blocks[layer][0]
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self.blocks[layer][1]
+
+    def block_bytes(self, layer: int, kind: int, block: int) -> np.ndarray | torch.Tensor:
+        """The payload bytes of one block, sharing memory with the pool (page-aligned start).
+
+        A numpy uint8 array for a CPU pool (what the storage layer's I/O takes), a uint8
+        tensor for a device pool.
+        """
+        start = block * self.layout.block_stride
+        raw = self._raw[layer][kind]
+        return raw[start:start + self.layout.block_bytes]
+
+    def _backing(self) -> np.ndarray | torch.Tensor:
+        nbytes = self.num_blocks * self.layout.block_stride
+        if self.device.type == "cpu":
+            return aligned_buffer(nbytes)
+        return torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
+
+    def _as_blocks(self, raw: np.ndarray | torch.Tensor) -> torch.Tensor:
+        flat = torch.from_numpy(raw) if isinstance(raw, np.ndarray) else raw
+        typed = flat.view(self.dtype)
+        heads, dim = self.geometry.num_kv_heads, self.geometry.head_dim
+        stride = self.layout.block_stride // self.geometry.itemsize
+        return typed.as_strided((self.num_blocks, self.block_tokens, heads, dim),
+                                (stride, heads * dim, dim, 1))

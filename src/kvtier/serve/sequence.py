@@ -1,0 +1,93 @@
+"""One request as the engine sees it: its tokens, where its KV lives, and how it should be sampled.
+
+A sequence moves through these states (scheduler.py drives every transition):
+
+    WAITING --admit--> RUNNING --finish--> FINISHED
+       ^                 |  ^
+       |  recompute      |  | swap in (synchronous, before its next step)
+       +-----------------+  |
+                  swap out  |
+    RUNNING --> SWAPPING_OUT --write done--> SWAPPED
+                  (blocks still pinned on the device while the write is in flight)
+
+`num_computed` counts the leading tokens whose K/V sit in the device pool. A
+prefill runs the not-yet-computed tokens in chunks; a decode step runs exactly
+one token (the last one sampled). Recompute sets `num_computed` back to 0 and
+keeps the generated tokens, so the sequence resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from kvtier.errors import ConfigError
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPING_OUT = "swapping_out"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Greedy decoding limits. Higher `priority` is preempted later (ties: least recently run first)."""
+
+    max_new_tokens: int = 64
+    priority: int = 0
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+
+
+@dataclass
+class Sequence:
+    """Tokens, block table and swap location of one request."""
+
+    request_id: int
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    status: Status = Status.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    swap_slots: list[int] = field(default_factory=list)  # where the swapped-out blocks wait, in block order
+    num_computed: int = 0
+    finish_reason: str | None = None
+    swap_outs: int = 0
+    recomputes: int = 0
+    warnings: list[str] = field(default_factory=list)  # recovered errors, e.g. a corrupted swap block
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens the sequence can reach: the KV it may ever need."""
+        return len(self.prompt_ids) + self.sampling.max_new_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def pending_tokens(self) -> int:
+        """Tokens whose K/V still has to be computed before the next token can be sampled."""
+        return self.num_tokens - self.num_computed
+
+    def reset_for_recompute(self) -> None:
+        """Forget the KV (dropped or unreadable); keep the tokens so the output continues unchanged."""
+        self.block_table = []
+        self.swap_slots = []
+        self.num_computed = 0
+        self.recomputes += 1
+        self.status = Status.WAITING

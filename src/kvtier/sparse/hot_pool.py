@@ -1,0 +1,81 @@
+"""The hot pool: one layer's frequently used tokens, full-precision K/V in host DRAM.
+
+Every sequence of the batch holds the same number of hot tokens (tokens enter
+from the recent window and leave by demotion in equal numbers per sequence;
+promotions are swaps), so the pool is a dense [batch, heads, slots, head_dim]
+tensor pair plus each slot's token position. The host scores it with the
+full-precision keys while the storage scorer works on the cold pool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class HotPool:
+    """Hot tokens of one layer for all sequences; slots 0..used-1 are occupied."""
+
+    def __init__(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, reserve: int = 0) -> None:
+        self.keys = torch.empty(batch, heads, reserve, head_dim, dtype=dtype)
+        self.values = torch.empty_like(self.keys)
+        self.positions = np.full((batch, reserve), -1, dtype=np.int64)
+        self.used = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor, positions: np.ndarray) -> None:
+        """Add n tokens per sequence: K/V [batch, heads, n, head_dim], positions [batch, n]."""
+        count = keys.shape[2]
+        self._reserve(self.used + count)
+        self.keys[:, :, self.used : self.used + count] = keys
+        self.values[:, :, self.used : self.used + count] = values
+        self.positions[:, self.used : self.used + count] = positions
+        self.used += count
+
+    def _reserve(self, slots: int) -> None:
+        if slots <= self.capacity:
+            return
+        grown = max(slots, 2 * self.capacity, 64)
+        extra = grown - self.capacity
+        pad = self.keys.new_empty(self.keys.shape[0], self.keys.shape[1], extra, self.keys.shape[3])
+        self.keys, self.values = torch.cat([self.keys, pad], dim=2), torch.cat([self.values, pad], dim=2)
+        self.positions = np.concatenate([self.positions, np.full((len(self.positions), extra), -1)], axis=1)
+
+    def score(self, query: torch.Tensor, aggregation: str) -> torch.Tensor:
+        """Raw inner-product importance [batch, used] for query [batch, heads, q_per_head, head_dim]."""
+        keys = self.keys[:, :, : self.used].float()
+        dots = torch.matmul(query, keys.transpose(2, 3))  # [B, H, Q, used]
+        flat = dots.flatten(1, 2)
+        return flat.sum(dim=1) if aggregation == "sum" else flat.amax(dim=1)
+
+    def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V [batch, heads, k, head_dim] of slots [batch, k]."""
+        index = slots[:, None, :, None].expand(-1, self.keys.shape[1], -1, self.keys.shape[3])
+        return self.keys.gather(2, index), self.values.gather(2, index)
+
+    def replace(self, seq: int, slots: np.ndarray, keys: torch.Tensor, values: torch.Tensor,
+                positions: np.ndarray) -> None:
+        """Overwrite sequence `seq`'s `slots` with K/V [heads, n, head_dim] of tokens at `positions`."""
+        index = torch.from_numpy(slots)
+        self.keys[seq][:, index] = keys
+        self.values[seq][:, index] = values
+        self.positions[seq, slots] = positions
+
+    def take(self, slots: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """Remove slots [batch, m] (m distinct per sequence); return their K/V and positions, compacting the rest."""
+        removed = torch.from_numpy(slots)
+        keys, values = self.gather(removed)
+        positions = np.take_along_axis(self.positions, slots, axis=1)
+        keep = np.ones((len(slots), self.used), dtype=bool)
+        np.put_along_axis(keep, slots, False, axis=1)
+        kept = torch.from_numpy(np.nonzero(keep)[1].reshape(len(slots), -1))
+        remaining = self.used - slots.shape[1]
+        kept_keys, kept_values = self.gather(kept)
+        self.keys[:, :, :remaining], self.values[:, :, :remaining] = kept_keys, kept_values
+        self.positions[:, :remaining] = np.take_along_axis(self.positions, kept.numpy(), axis=1)
+        self.positions[:, remaining : self.used] = -1
+        self.used = remaining
+        return keys, values, positions

@@ -1,0 +1,116 @@
+"""BKP: which cold tokens to promote to the hot pool and which hot tokens to demote, per step.
+
+Promotions are swaps: a promoted cold token takes a demoted hot token's slot
+and the victim takes its cold slot, so both pools keep their sizes (and every
+sequence the same counts). At most `max_moves` swaps per layer, sequence and
+step bound the disk writes a step can cost.
+
+`HitPolicy` (HillInfer's dual metric): a cold token selected now is a
+candidate only if the hit table shows repeated selections (`promote_hits`);
+a hot token is a victim only if it has been idle for `idle_steps`; pairs are
+made hottest candidate with coldest victim, and only while the candidate has
+more hits than its victim (hysteresis).
+
+`NaivePolicy` follows the instantaneous scores: every selected cold token is
+a candidate, the hot tokens with the lowest score this step are the victims.
+It exists to measure ping-pong against (bench/sparse), as in the paper's
+Challenge 1.
+
+`PingPongMeter` counts moves, and moves that undo a move of the same token
+within `window` steps (a token demoted and promoted back, or vice versa).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtier.sparse.hit_table import HitTable
+
+POLICIES = ("hit", "naive", "off")
+
+
+@dataclass
+class Swaps:
+    """Pairs for one sequence: cold candidates (indices into the step's selected cold tokens) and hot victim slots."""
+
+    promote: np.ndarray
+    victims: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.promote)
+
+
+NO_SWAPS = Swaps(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class HitPolicy:
+    max_moves: int = 8
+    promote_hits: int = 2
+    idle_steps: int = 16
+
+    def plan(self, table: HitTable, seq: int, cold_positions: np.ndarray, cold_scores: np.ndarray,
+             hot_positions: np.ndarray, hot_scores: np.ndarray) -> Swaps:
+        hits, idle = table.hits[seq], table.idle[seq]
+        candidate_hits = hits[cold_positions].astype(np.int64)
+        candidates = np.flatnonzero(candidate_hits >= self.promote_hits)
+        candidates = candidates[np.argsort(-candidate_hits[candidates], kind="stable")]
+        victim_hits = hits[hot_positions].astype(np.int64)
+        victims = np.flatnonzero(idle[hot_positions] >= self.idle_steps)
+        victims = victims[np.lexsort((-idle[hot_positions][victims].astype(np.int64), victim_hits[victims]))]
+        count = min(len(candidates), len(victims), self.max_moves)
+        candidates, victims = candidates[:count], victims[:count]
+        worthwhile = candidate_hits[candidates] > victim_hits[victims]
+        return Swaps(candidates[worthwhile], victims[worthwhile])
+
+    def overflow_victims(self, table: HitTable, hot_positions: np.ndarray, count: int) -> np.ndarray:
+        """Hot slots [batch, count] to demote when the pool is over capacity: fewest hits, then longest idle."""
+        hits = np.take_along_axis(table.hits, hot_positions, axis=1).astype(np.int64)
+        idle = np.take_along_axis(table.idle, hot_positions, axis=1).astype(np.int64)
+        order = np.lexsort((-idle, hits), axis=1)
+        return np.sort(order[:, :count], axis=1)
+
+
+@dataclass(frozen=True)
+class NaivePolicy(HitPolicy):
+    def plan(self, table: HitTable, seq: int, cold_positions: np.ndarray, cold_scores: np.ndarray,
+             hot_positions: np.ndarray, hot_scores: np.ndarray) -> Swaps:
+        candidates = np.argsort(-cold_scores, kind="stable")
+        victims = np.argsort(hot_scores, kind="stable")
+        count = min(len(candidates), len(victims), self.max_moves)
+        candidates, victims = candidates[:count], victims[:count]
+        worthwhile = cold_scores[candidates] > hot_scores[victims]
+        return Swaps(candidates[worthwhile], victims[worthwhile])
+
+
+def make_policy(name: str, max_moves: int, promote_hits: int, idle_steps: int) -> HitPolicy | None:
+    if name == "off":
+        return None
+    kind = HitPolicy if name == "hit" else NaivePolicy
+    return kind(max_moves, promote_hits, idle_steps)
+
+
+class PingPongMeter:
+    """Moves between the pools, and how many of them reverse a recent move of the same token."""
+
+    def __init__(self, window: int = 32) -> None:
+        self.window = window
+        self.moves = 0
+        self.ping_pongs = 0
+        self._last: dict[tuple[int, int], tuple[int, int]] = {}  # (seq, position) -> (step, +1 promote / -1 demote)
+
+    def record(self, step: int, seq: int, positions: np.ndarray, direction: int) -> None:
+        for position in positions.tolist():
+            key = (seq, position)
+            last = self._last.get(key)
+            if last is not None and last[1] == -direction and step - last[0] <= self.window:
+                self.ping_pongs += 1
+            self._last[key] = (step, direction)
+            self.moves += 1
+
+    @property
+    def rate(self) -> float:
+        """Fraction of moves that undid a move of the same token within the window."""
+        return self.ping_pongs / self.moves if self.moves else 0.0

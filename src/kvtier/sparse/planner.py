@@ -1,0 +1,177 @@
+"""APP: the latency model that splits the pooled tokens between hot (host) and cold (storage) pools.
+
+hillinfer.txt eq. (2): per layer and step the host path costs
+    T_CPU     = Mc / f_c + alpha_c * Mc / B_c    (score the hot pool, fetch its selected tokens)
+and the storage path
+    T_storage = Ms / f_s + alpha_s * Ms / B_s    (scorer reads + scores sketches, fetch selected cold K/V)
+Balancing them gives beta = Mc / Ms = (1/f_s + alpha_s/B_s) / (1/f_c + alpha_c/B_c), which with
+alpha_c = alpha_s = alpha is eq. (4). Subject to Mc <= M0 (host budget, eq. 3).
+
+Skew correction: HKM puts the important tokens in the hot pool, so the hot pool's selection
+rate alpha_c exceeds alpha and the cold pool's alpha_s falls below it. We estimate both from the
+prompt's observation-window importance (the same signal placement uses): place with beta, count
+how much of the top-alpha set lands hot and cold, recompute beta, and iterate to a fixed point.
+
+Units are tokens (of one layer and sequence) and tokens per second. `calibrate` measures the four
+throughputs on this machine with the real code paths (HotPool scoring and gather, the scorer
+process reading O_DIRECT sketches, cold K/V record reads) and caches them per machine, storage
+device and geometry in `<user cache>/sparse-calibration.json`; `refresh=True` measures again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from kvtier.models.paths import cache_dir
+from kvtier.sparse.cold_pool import ColdPool
+from kvtier.sparse.hot_pool import HotPool
+from kvtier.sparse.placement import split_hot_cold
+from kvtier.sparse.protocol import Channel, ChannelSpec
+from kvtier.sparse.scorer_client import ScorerClient
+from kvtier.sparse.sketch import SketchFormat
+from kvtier.storage import IOEngine
+
+log = logging.getLogger(__name__)
+CALIBRATION_TOKENS = 16384
+SKEW_ITERATIONS = 4
+
+
+@dataclass(frozen=True)
+class Throughputs:
+    """Tokens per second of one layer and sequence on each path."""
+
+    host_score: float  # f_c
+    storage_score: float  # f_s (disk reads of sketches included)
+    host_fetch: float  # B_c
+    storage_fetch: float  # B_s
+
+
+def balanced_beta(rates: Throughputs, alpha_host: float, alpha_storage: float) -> float:
+    """Mc / Ms that makes T_CPU equal T_storage."""
+    host_cost = 1 / rates.host_score + alpha_host / rates.host_fetch
+    storage_cost = 1 / rates.storage_score + alpha_storage / rates.storage_fetch
+    return storage_cost / host_cost
+
+
+def predicted_times(rates: Throughputs, hot: int, cold: int, alpha_host: float,
+                    alpha_storage: float) -> tuple[float, float]:
+    """(T_CPU, T_storage) in seconds for one layer and sequence."""
+    return (hot / rates.host_score + alpha_host * hot / rates.host_fetch,
+            cold / rates.storage_score + alpha_storage * cold / rates.storage_fetch)
+
+
+@dataclass(frozen=True)
+class Plan:
+    hot_tokens: int
+    beta: float  # the balanced (or given) beta before the host-memory cap
+    alpha_host: float
+    alpha_storage: float
+    capped: bool  # Mc was limited by M0
+
+
+def plan_split(importance: np.ndarray, alpha: float, max_hot: int, rates: Throughputs | None,
+               beta: float | None) -> Plan:
+    """Hot tokens per sequence for a pool scored by `importance` [batch, pool]."""
+    pool = importance.shape[1]
+    alpha_host = alpha_storage = alpha
+    if beta is None:
+        for _ in range(SKEW_ITERATIONS):
+            beta = balanced_beta(rates, alpha_host, alpha_storage)
+            hot = _hot_tokens(beta, pool, max_hot)
+            alpha_host, alpha_storage = _selection_rates(importance, alpha, hot)
+    hot = _hot_tokens(beta, pool, max_hot)
+    plan = Plan(hot, beta, alpha_host, alpha_storage, capped=hot < _hot_tokens(beta, pool, pool))
+    log.info("APP: beta %.3g%s -> %d hot / %d cold tokens per layer (alpha_c %.3f, alpha_s %.3f)", beta,
+             " (capped by the host budget)" if plan.capped else "", hot, pool - hot, alpha_host, alpha_storage)
+    return plan
+
+
+def _hot_tokens(beta: float, pool: int, max_hot: int) -> int:
+    share = 1.0 if beta == float("inf") else beta / (1 + beta)
+    return int(min(max_hot, pool, round(share * pool)))
+
+
+def _selection_rates(importance: np.ndarray, alpha: float, hot_tokens: int) -> tuple[float, float]:
+    """Share of each pool that falls in the prompt's top-alpha set when the hottest `hot_tokens` are hot."""
+    pool = importance.shape[1]
+    top = int(np.ceil(alpha * pool))
+    hot_index, cold_index = split_hot_cold(importance, hot_tokens)
+    ranks = np.argsort(np.argsort(-importance, axis=1, kind="stable"), axis=1)
+    in_top_hot = (np.take_along_axis(ranks, hot_index, axis=1) < top).sum()
+    in_top_cold = (np.take_along_axis(ranks, cold_index, axis=1) < top).sum()
+    batch = importance.shape[0]
+    alpha_host = in_top_hot / (batch * hot_tokens) if hot_tokens else alpha
+    alpha_storage = in_top_cold / (batch * (pool - hot_tokens)) if pool > hot_tokens else alpha
+    return float(alpha_host), float(alpha_storage)
+
+
+# ----- calibration -----
+
+def calibration_key(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str) -> str:
+    return (f"{platform.node()}|cpus{os.cpu_count()}|dev{os.stat(directory).st_dev}|{heads}x{head_dim}|"
+            f"{str(dtype).removeprefix('torch.')}|int{bits}|{aggregation}")
+
+
+def load_or_calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str,
+                      refresh: bool = False) -> Throughputs:
+    """Cached throughputs for this machine and geometry, measuring them first when missing or `refresh`."""
+    path = cache_dir() / "sparse-calibration.json"
+    key = calibration_key(directory, heads, head_dim, dtype, bits, aggregation)
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    if key in cached and not refresh:
+        return Throughputs(**cached[key])
+    rates = calibrate(directory, heads, head_dim, dtype, bits, aggregation)
+    cached[key] = asdict(rates)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cached, indent=1))
+    log.info("APP calibration for %s: %s", key, rates)
+    return rates
+
+
+def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str,
+              tokens: int = CALIBRATION_TOKENS, alpha: float = 0.2) -> Throughputs:
+    """Measure f_c, f_s, B_c, B_s (tokens/s) with the real hot pool, cold pool and scorer process."""
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(1, heads, tokens, head_dim, generator=generator).to(dtype)
+    query = torch.randn(1, heads, 1, head_dim, generator=generator)
+    picks = np.sort(np.random.default_rng(0).choice(tokens, int(alpha * tokens), replace=False))
+    hot = HotPool(1, heads, head_dim, dtype)
+    hot.append(keys, keys, np.arange(tokens)[None, :])
+    host_score = tokens / _median_time(lambda: hot.score(query, aggregation))
+    index = torch.from_numpy(picks)
+    host_fetch = len(picks) / _median_time(lambda: (hot.keys[0][:, index], hot.values[0][:, index]))
+    fmt = SketchFormat.for_keys(bits, heads, head_dim)
+    channel = Channel.create(ChannelSpec(1, 1, heads, 1, head_dim, tokens))
+    with IOEngine(4) as io, tempfile.TemporaryDirectory(dir=directory) as scratch:
+        cold = ColdPool(scratch, 1, 1, tokens, heads, head_dim, dtype, fmt, io, channel)
+        scorer = None
+        try:
+            cold.append(0, keys, keys, np.arange(tokens)[None, :])
+            scorer = ScorerClient(channel, cold.sketches.path, cold.sketches.layout, fmt, aggregation, 64)
+            channel.query[:] = query.numpy()
+            storage_score = tokens / _median_time(lambda: (scorer.submit(0, tokens), scorer.wait()))
+            storage_fetch = len(picks) / _median_time(lambda: cold.fetch(0, 0, picks))
+        finally:
+            if scorer is not None:
+                scorer.close()
+            cold.close()
+            channel.close()
+    return Throughputs(host_score, storage_score, host_fetch, storage_fetch)
+
+
+def _median_time(action, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]

@@ -1,0 +1,106 @@
+"""The host <-> storage-scorer protocol: one shared-memory segment and two pipes.
+
+Hot path per layer and step (DESIGN.md "per-layer round trips"): the host
+writes the query into shared memory and one 24-byte request into the request
+pipe; the scorer writes `<position, score>` score blocks of n tokens into the
+shared result area, bumping a per-sequence block counter after each block, and
+answers with one 16-byte message on the response pipe. No arrays are pickled
+and nothing is copied through a pipe, so a round trip costs two pipe wake-ups.
+
+The segment is an anonymous memfd: it has no name to leak or to be unlinked
+by another process's resource tracker, and a restarted scorer inherits it.
+
+Segment layout (all views are numpy arrays over one mmap):
+    control   int64 [8]                    request id, layer, cold tokens per sequence, scorer bytes read
+    progress  int64 [batch]                score blocks finished for the current request
+    versions  int64 [layers]               bumped by the host whenever it rewrites a layer's sketches
+    query     float32 [batch, heads, q_per_head, head_dim]
+    positions int32 [layers, batch, slots] token position held by each cold slot (host-written)
+    results   (position int32, score float32) [batch, slots]
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+REQUEST = struct.Struct("<qqq")  # request id, layer, op
+RESPONSE = struct.Struct("<qq")  # request id, status
+OP_SCORE, OP_STOP = 1, 2
+STATUS_OK, STATUS_FAILED = 0, 1
+CONTROL_REQUEST, CONTROL_LAYER, CONTROL_COLD_TOKENS = 0, 1, 2
+CONTROL_SCORER_READ_BYTES = 3  # cumulative sketch bytes the scorer (or the host fallback) read from disk
+RESULT_DTYPE = np.dtype([("position", "<i4"), ("score", "<f4")])
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """Shapes of the shared arrays; sent to the scorer as JSON at start-up."""
+
+    batch: int
+    layers: int
+    heads: int
+    q_per_head: int
+    head_dim: int
+    slots: int
+
+    def shapes(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+        return [
+            ("control", np.dtype(np.int64), (8,)),
+            ("progress", np.dtype(np.int64), (self.batch,)),
+            ("versions", np.dtype(np.int64), (self.layers,)),
+            ("query", np.dtype(np.float32), (self.batch, self.heads, self.q_per_head, self.head_dim)),
+            ("positions", np.dtype(np.int32), (self.layers, self.batch, self.slots)),
+            ("results", RESULT_DTYPE, (self.batch, self.slots)),
+        ]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_aligned(dtype.itemsize * int(np.prod(shape))) for _, dtype, shape in self.shapes())
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64  # each array on its own cache line
+
+
+class Channel:
+    """Numpy views of the shared segment behind `fd` (created by the host, inherited by the scorer)."""
+
+    def __init__(self, spec: ChannelSpec, fd: int) -> None:
+        self.spec = spec
+        self.fd = fd
+        self._map = mmap.mmap(fd, max(spec.nbytes, 1))
+        offset = 0
+        for name, dtype, shape in spec.shapes():
+            count = int(np.prod(shape))
+            setattr(self, name, np.frombuffer(self._map, dtype=dtype, count=count, offset=offset).reshape(shape))
+            offset += _aligned(dtype.itemsize * count)
+
+    @classmethod
+    def create(cls, spec: ChannelSpec) -> Channel:
+        fd = os.memfd_create("kvtier-scorer", 0)  # inheritable only where passed explicitly (pass_fds)
+        os.ftruncate(fd, max(spec.nbytes, 1))
+        return cls(spec, fd)
+
+    def close(self) -> None:
+        for name, _, _ in self.spec.shapes():
+            setattr(self, name, None)  # release the views before the map
+        self._map.close()
+
+
+def read_exact(fd: int, size: int) -> bytes:
+    """`size` bytes from a pipe, or b"" at end of file (the other side is gone)."""
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return b""
+        data += chunk
+    return data

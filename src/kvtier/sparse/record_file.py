@@ -1,0 +1,168 @@
+"""A file of fixed-size token records in page-aligned regions: the cold pool's on-disk layout.
+
+The cold pool stores per-token records (a token's full-precision K|V of one
+layer, or its key sketch), because selection is per token. Records are packed
+back to back, without padding, inside one region per (layer, sequence); every
+region starts on a 4 KiB page so that a region prefix is one large O_DIRECT
+read (what the scorer streams) and a run of adjacent slots shares pages (what
+keeps fetches of neighbouring tokens cheap).
+
+    offset(layer, seq, slot) = ((layer * batch) + seq) * region_stride + slot * record_bytes
+
+O_DIRECT moves whole pages, so writing records that share a page with others
+reads that page first (read-modify-write). Writes of slot runs only read the
+two edge pages of each run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtier.errors import StorageError
+from kvtier.storage import PAGE, IOEngine, aligned_buffer, drop_page_cache, open_direct, round_up
+from kvtier.storage.io_engine import consecutive_spans
+from kvtier.units import format_size
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """Where record `slot` of (layer, seq) lives in the file."""
+
+    record_bytes: int
+    layers: int
+    batch: int
+    slots: int  # capacity of one region, in records
+
+    @property
+    def region_stride(self) -> int:
+        return round_up(self.slots * self.record_bytes, PAGE)
+
+    @property
+    def file_bytes(self) -> int:
+        return self.layers * self.batch * self.region_stride
+
+    def region_offset(self, layer: int, seq: int) -> int:
+        return (layer * self.batch + seq) * self.region_stride
+
+    def prefix_bytes(self, count: int) -> int:
+        """Bytes to read (whole pages) to cover records 0..count-1 of a region."""
+        return round_up(count * self.record_bytes, PAGE)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"record_bytes": self.record_bytes, "layers": self.layers, "batch": self.batch, "slots": self.slots}
+
+
+class RecordFile:
+    """Read and write records of one RecordLayout through an IOEngine (O_DIRECT where the FS allows)."""
+
+    def __init__(self, path: str, layout: RecordLayout, io: IOEngine, create: bool = True) -> None:
+        self.path = path
+        self.layout = layout
+        self.io = io
+        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        try:
+            self._fd, self.direct = open_direct(path, flags)
+        except OSError as error:
+            raise StorageError(f"{path}: cannot open the cold-pool file: {error.strerror}") from error
+        if create:
+            self._reserve()
+
+    def _reserve(self) -> None:
+        """Reserve the whole file now, so a full disk fails at creation rather than mid-generation."""
+        try:
+            os.posix_fallocate(self._fd, 0, max(self.layout.file_bytes, PAGE))
+        except OSError as error:
+            os.close(self._fd)
+            os.unlink(self.path)
+            raise StorageError(f"{self.path}: cannot reserve {format_size(self.layout.file_bytes)} for the cold pool "
+                               f"({error.strerror}); free disk space or lower the context/batch") from error
+
+    # ----- reading -----
+
+    def read_prefix(self, layer: int, seq: int, count: int, out: np.ndarray) -> None:
+        """Fill `out` (aligned, >= prefix_bytes(count)) with the pages holding records 0..count-1."""
+        nbytes = self.layout.prefix_bytes(count)
+        if nbytes:
+            self.io.read_runs(self._fd, [(self.layout.region_offset(layer, seq), [memoryview(out[:nbytes])])])
+
+    def read_records(self, layer: int, seq: int, slots: np.ndarray) -> tuple[np.ndarray, int]:
+        """Records at `slots` (uint8 [len(slots), record_bytes], in the order given) and the pages read."""
+        rec = self.layout.record_bytes
+        slots = np.asarray(slots, dtype=np.int64)
+        if not slots.size:
+            return np.empty((0, rec), dtype=np.uint8), 0
+        first_page = slots * rec // PAGE
+        last_page = ((slots + 1) * rec - 1) // PAGE
+        pages = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first_page, last_page)])) \
+            if rec > PAGE else np.unique(np.concatenate([first_page, last_page]))
+        buffer = aligned_buffer(len(pages) * PAGE)
+        base = self.layout.region_offset(layer, seq)
+        runs, index = [], 0
+        for span in consecutive_spans(pages.tolist()):
+            count = span.stop - span.start
+            runs.append((base + int(pages[span.start]) * PAGE, [memoryview(buffer[index * PAGE : (index + count) * PAGE])]))
+            index += count
+        self.io.read_runs(self._fd, runs)
+        # Byte position of each record inside the gathered pages.
+        page_index = np.searchsorted(pages, first_page)
+        starts = page_index * PAGE + (slots * rec - first_page * PAGE)
+        gathered = buffer[starts[:, None] + np.arange(rec)[None, :]]
+        return gathered, len(pages)
+
+    # ----- writing -----
+
+    def write_records(self, layer: int, seq: int, slots: Sequence[int] | np.ndarray, records: np.ndarray) -> None:
+        """Write records (uint8 [n, record_bytes]) at `slots` of (layer, seq); other records are preserved."""
+        rec = self.layout.record_bytes
+        slots = np.asarray(slots, dtype=np.int64)
+        if not slots.size:
+            return
+        order = np.argsort(slots, kind="stable")
+        slots, records = slots[order], np.asarray(records, dtype=np.uint8)[order]
+        if slots[-1] >= self.layout.slots or slots[0] < 0:
+            raise IndexError(f"{self.path}: slot out of range 0..{self.layout.slots - 1}")
+        base = self.layout.region_offset(layer, seq)
+        for span in consecutive_spans(slots.tolist()):
+            first, last = int(slots[span.start]), int(slots[span.stop - 1])
+            self._write_run(base, first, last, records[span])
+
+    def _write_run(self, base: int, first: int, last: int, records: np.ndarray) -> None:
+        rec = self.layout.record_bytes
+        start, end = first * rec, (last + 1) * rec
+        page_start, page_end = start // PAGE * PAGE, round_up(end, PAGE)
+        buffer = aligned_buffer(page_end - page_start)
+        edges = {page_start} if start != page_start else set()
+        if end != page_end:
+            edges.add(page_end - PAGE)
+        reads = [(base + page, [memoryview(buffer[page - page_start : page - page_start + PAGE])]) for page in sorted(edges)]
+        self.io.read_runs(self._fd, reads)
+        buffer[start - page_start : end - page_start] = records.reshape(-1)
+        self.io.write_runs(self._fd, [(base + page_start, [memoryview(buffer)])])
+
+    # ----- housekeeping -----
+
+    def drop_page_cache(self) -> None:
+        """Evict cached pages (matters only for the buffered fallback; O_DIRECT bypasses the cache)."""
+        drop_page_cache(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def remove(self) -> None:
+        self.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+def open_for_reading(path: str) -> tuple[int, bool]:
+    """A read-only descriptor (O_DIRECT where possible) for a process that only scores the file."""
+    try:
+        return open_direct(path, os.O_RDONLY)
+    except OSError as error:
+        raise StorageError(f"{path}: cannot open the cold-pool file for scoring: {error.strerror}") from error

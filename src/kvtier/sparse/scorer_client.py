@@ -1,0 +1,206 @@
+"""Host side of the storage scorer: start it, send per-layer requests, survive its death.
+
+`submit(layer)` returns at once so the host scores its hot pool while the
+scorer works; `wait()` blocks until the layer's cold scores are in the
+channel. Fault handling (the issue's "fault tolerance"):
+
+- The scorer dies: its end of the response pipe closes, so `wait()` sees end
+  of file at once (a request written after its death gets EPIPE). Detection
+  costs no timeout and happens within the step that needed the scores.
+- The scorer hangs: `wait()` gives up after `response_timeout_s`, kills it,
+  and treats it as dead.
+- The scorer reports a failure (an exception it printed to stderr).
+
+In each case the host scores the rest of the layer itself with the very same
+SketchScorer code, resuming after the last score block the scorer finished,
+so the scores (and the generated text) are identical to a run without the
+fault. Then it starts a fresh scorer for the next request, at most
+`max_restarts` times; after that it keeps scoring on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kvtier
+from kvtier.errors import StorageError
+from kvtier.sparse.protocol import (
+    CONTROL_COLD_TOKENS, CONTROL_LAYER, CONTROL_REQUEST, OP_SCORE, OP_STOP, REQUEST, RESPONSE, STATUS_OK, Channel,
+    read_exact,
+)
+from kvtier.sparse.record_file import RecordLayout, open_for_reading
+from kvtier.sparse.scorer_process import build_scorer
+from kvtier.sparse.sketch import SketchFormat
+from kvtier.sparse.sketch_scorer import SketchScorer
+from kvtier.storage import IOEngine
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 60.0
+
+
+class ScorerClient:
+    """One storage-scorer process serving the cold pool of one cache."""
+
+    def __init__(self, channel: Channel, sketch_path: str, layout: RecordLayout, fmt: SketchFormat, aggregation: str,
+                 block_tokens: int, io_threads: int = 2, memory_budget: int = 0, max_restarts: int = 3,
+                 response_timeout_s: float = 60.0, crash_after_blocks: int = -1) -> None:
+        self.channel = channel
+        self.config = {
+            "channel": channel.spec.to_dict(), "channel_fd": channel.fd, "sketch_path": sketch_path,
+            "layout": layout.to_dict(), "format": {"bits": fmt.bits, "heads": fmt.heads, "head_dim": fmt.head_dim,
+                                                   "group": fmt.group},
+            "aggregation": aggregation, "block_tokens": block_tokens, "io_threads": io_threads,
+            "memory_budget": memory_budget, "crash_after_blocks": crash_after_blocks,
+        }
+        self.max_restarts = max_restarts
+        self.response_timeout_s = response_timeout_s
+        self.restarts = 0
+        self.host_scored_requests = 0  # requests (partly) scored on the host after a fault
+        self.process: subprocess.Popen | None = None
+        self._request_fd = self._response_fd = -1
+        self._request_id = 0
+        self._pending_layer: int | None = None
+        self._sent = False
+        self._fallback: tuple[SketchScorer, IOEngine, int] | None = None
+        self._start()
+
+    # ----- per-layer requests -----
+
+    def submit(self, layer: int, cold_tokens: int) -> None:
+        """Ask for `layer`'s cold scores (`cold_tokens` per sequence); the query must already be in the channel."""
+        self._request_id += 1
+        control = self.channel.control
+        control[CONTROL_REQUEST], control[CONTROL_LAYER], control[CONTROL_COLD_TOKENS] = self._request_id, layer, cold_tokens
+        self.channel.progress[:] = 0
+        self._pending_layer, self._sent = layer, False
+        if self.process is None:
+            return
+        try:
+            os.write(self._request_fd, REQUEST.pack(self._request_id, layer, OP_SCORE))
+            self._sent = True
+        except BrokenPipeError:
+            pass  # died since the last request: wait() recovers
+
+    def wait(self) -> None:
+        """Block until the submitted layer's scores are all in `channel.results`."""
+        layer, self._pending_layer = self._pending_layer, None
+        if layer is None:
+            return
+        if self._sent and self._response() == STATUS_OK:
+            return
+        self._recover(layer)
+
+    def round_trip_s(self, repeats: int = 200) -> float:
+        """Median seconds of an empty request (no cold tokens): the protocol's fixed cost per layer."""
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            self.submit(0, 0)
+            self.wait()
+            times.append(time.perf_counter() - started)
+        return sorted(times)[len(times) // 2]
+
+    def _response(self) -> int | None:
+        """The status for the current request, or None when the scorer is dead or hung."""
+        while True:
+            ready, _, _ = select.select([self._response_fd], [], [], self.response_timeout_s)
+            if not ready:
+                log.warning("storage scorer (pid %d) did not answer in %.0f s; killing it",
+                            self.process.pid, self.response_timeout_s)
+                self.process.kill()
+                return None
+            message = read_exact(self._response_fd, RESPONSE.size)
+            if not message:
+                return None
+            request_id, status = RESPONSE.unpack(message)
+            if request_id == self._request_id:
+                return status
+
+    # ----- faults -----
+
+    def _recover(self, layer: int) -> None:
+        """Score what the scorer did not, on the host, then replace the scorer."""
+        self.host_scored_requests += 1
+        if self.process is not None:
+            code = self.process.poll()
+            log.warning("storage scorer (pid %d) failed%s; scoring layer %d on the host",
+                        self.process.pid, "" if code is None else f" (exit code {code})", layer)
+        self._fallback_scorer().score_layer(layer, resume=True)
+        self._replace()
+
+    def _fallback_scorer(self) -> SketchScorer:
+        if self._fallback is None:
+            io = IOEngine(self.config["io_threads"])
+            fd, _ = open_for_reading(self.config["sketch_path"])
+            config = dict(self.config, crash_after_blocks=-1, memory_budget=0)
+            self._fallback = (build_scorer(config, self.channel, fd, io), io, fd)
+        return self._fallback[0]
+
+    def _replace(self) -> None:
+        self._stop_process()
+        if self.restarts >= self.max_restarts:
+            if self.process is not None:
+                log.warning("storage scorer restarted %d times; the host scores the cold pool from now on",
+                            self.restarts)
+            self.process = None
+            return
+        self.restarts += 1
+        self.config["crash_after_blocks"] = -1  # injected faults happen once
+        self._start()
+
+    # ----- process lifetime -----
+
+    def _start(self) -> None:
+        request_read, self._request_fd = os.pipe()
+        self._response_fd, response_write = os.pipe()
+        config = dict(self.config, request_fd=request_read, response_fd=response_write)
+        source_root = str(Path(kvtier.__file__).resolve().parents[1])
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")])))
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "kvtier.sparse.scorer_process", json.dumps(config)],
+                pass_fds=(self.channel.fd, request_read, response_write), env=env,
+            )
+        finally:
+            os.close(request_read)
+            os.close(response_write)
+        ready, _, _ = select.select([self._response_fd], [], [], START_TIMEOUT_S)
+        if not ready or not read_exact(self._response_fd, RESPONSE.size):
+            self._stop_process()
+            raise StorageError(f"the storage scorer process did not start (see its error above); "
+                               f"check that {self.config['sketch_path']} is readable")
+
+    def _stop_process(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                try:
+                    os.write(self._request_fd, REQUEST.pack(0, 0, OP_STOP))
+                except BrokenPipeError:
+                    pass  # already exiting
+                try:
+                    self.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+        for fd in (self._request_fd, self._response_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._request_fd = self._response_fd = -1
+
+    def close(self) -> None:
+        """Stop the scorer and release the fallback's resources."""
+        self._stop_process()
+        self.process = None
+        if self._fallback is not None:
+            _, io, fd = self._fallback
+            io.close()
+            os.close(fd)
+            self._fallback = None

@@ -1,0 +1,57 @@
+"""Every knob of the sparse path in one validated dataclass (the CLI exposes the main ones via KVConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtier.errors import ConfigError
+from kvtier.sparse.migration import POLICIES
+from kvtier.sparse.sketch import AGGREGATIONS, SCORE_BITS
+
+
+@dataclass(frozen=True)
+class SparseSettings:
+    """HillInfer parameters. Tokens counts are per layer and sequence."""
+
+    alpha: float = 0.2  # importance rate: fraction of pooled (hot + cold) tokens attended per step (paper: 20%)
+    score_bits: int = 8  # sketch precision for cold scoring
+    beta: float | None = None  # hot/cold split Mc/Ms; None: APP chooses it (planner.py)
+    sink: int = 4  # first tokens always attended (attention sinks)
+    recent: int = 64  # last tokens always attended, kept on the device with the new ones
+    aggregation: str = "sum"  # GQA token importance: summed group queries ("sum") or max over heads ("max")
+    observation_window: int = 32  # last prompt queries whose attention places tokens hot or cold (SnapKV-style)
+    policy: str = "hit"  # migration: hit table ("hit"), instantaneous scores ("naive"), none ("off")
+    max_moves: int = 8  # promotions (swaps) per layer, sequence and step
+    promote_hits: int = 2
+    idle_steps: int = 16
+    demote_batch: int = 64  # tokens per sequence demoted at once when the hot pool overflows (batched writes)
+    scorer_memory_budget: int = 0  # bytes of sketches the scorer may keep in memory (emulated on-board DRAM)
+    scorer_io_threads: int = 4
+    crash_scorer_after_blocks: int = -1  # fault injection for tests: the scorer kills itself after that many blocks
+
+    def validated(self) -> SparseSettings:
+        if not 0.0 < self.alpha <= 1.0:
+            raise ConfigError(f"--alpha must be in (0, 1], got {self.alpha}")
+        if self.score_bits not in SCORE_BITS:
+            raise ConfigError(f"--score-bits must be one of {', '.join(map(str, SCORE_BITS))}, got {self.score_bits}")
+        if self.beta is not None and self.beta < 0:
+            raise ConfigError(f"--beta must be 'auto' or a non-negative number, got {self.beta}")
+        if self.sink < 0 or self.recent < 1:
+            raise ConfigError(f"--sink must be >= 0 and --recent >= 1, got {self.sink} and {self.recent}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"migration policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.observation_window < 1 or self.demote_batch < 1 or self.max_moves < 0:
+            raise ConfigError("observation_window and demote_batch must be >= 1, max_moves >= 0")
+        return self
+
+
+def parse_beta(text: str | float | None) -> float | None:
+    """`auto` (None) or a non-negative float, from the CLI/KVConfig form."""
+    if text is None or (isinstance(text, str) and text.strip().lower() == "auto"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--beta must be 'auto' or a number, got {text!r}") from None

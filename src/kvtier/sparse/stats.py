@@ -1,0 +1,78 @@
+"""What each sparse decode step cost, broken down the way the issue asks (scoring, fetch, attention, rest).
+
+Layers add their measurements to the current step; the cache opens a new step
+when the first tiered layer sees a new token. `rest` (the model's own work:
+projections, MLP, norms, sampling) is the step's wall time minus the parts,
+filled in when the next step opens or on `finish()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+log = logging.getLogger(__name__)
+
+PARTS = ("score_s", "fetch_s", "attention_s", "migrate_s")
+
+
+@dataclass
+class StepStats:
+    """Sums over the tiered layers (and sequences, for counts) of one decode step."""
+
+    step: int
+    score_s: float = 0.0  # query -> merged top-k (hot scoring overlapped with the storage scorer)
+    fetch_s: float = 0.0  # selected K/V to the device: hot gather + cold record reads
+    attention_s: float = 0.0
+    migrate_s: float = 0.0  # promotions/demotions (disk writes of swapped tokens)
+    rest_s: float = 0.0
+    total_s: float = 0.0
+    host_time_s: float = 0.0  # measured T_CPU: hot scoring + hot fetch
+    storage_time_s: float = 0.0  # measured T_storage: scorer round trip + cold fetch
+    predicted_host_s: float = 0.0  # APP's T_CPU for this step
+    predicted_storage_s: float = 0.0  # APP's T_storage for this step
+    selected_hot: int = 0
+    selected_cold: int = 0
+    pooled_hot: int = 0
+    pooled_cold: int = 0
+    cold_pages_read: int = 0
+    promotions: int = 0
+    demotions: int = 0
+
+
+@dataclass
+class SparseStats:
+    steps: list[StepStats] = field(default_factory=list)
+    _opened: float = 0.0
+
+    def open_step(self) -> StepStats:
+        self.finish()
+        self.steps.append(StepStats(step=len(self.steps)))
+        self._opened = time.perf_counter()
+        return self.steps[-1]
+
+    @property
+    def current(self) -> StepStats | None:
+        return self.steps[-1] if self.steps else None
+
+    def finish(self) -> None:
+        """Close the open step: its wall time and the `rest`."""
+        step = self.current
+        if step is None or step.total_s:
+            return
+        step.total_s = time.perf_counter() - self._opened
+        step.rest_s = max(0.0, step.total_s - sum(getattr(step, part) for part in PARTS))
+        log.debug("sparse step %d: T_CPU predicted %.2f ms measured %.2f ms | T_storage predicted %.2f ms "
+                  "measured %.2f ms | cold selected %d/%d", step.step, step.predicted_host_s * 1e3,
+                  step.host_time_s * 1e3, step.predicted_storage_s * 1e3, step.storage_time_s * 1e3,
+                  step.selected_cold, step.pooled_cold)
+
+    def summary(self, skip: int = 1) -> dict[str, float]:
+        """Mean per step of every field over the closed steps after the first `skip` (warm-up)."""
+        self.finish()
+        steps = [step for step in self.steps[skip:] if step.total_s] or [s for s in self.steps if s.total_s]
+        if not steps:
+            return {}
+        fields = [name for name in asdict(steps[0]) if name != "step"]
+        return {name: sum(getattr(step, name) for step in steps) / len(steps) for name in fields}

@@ -1,0 +1,27 @@
+"""Storage layer: KV block geometry, aligned buffers, direct file I/O, checksummed block files.
+
+Knows nothing of transformers or torch; buffers are anything with contiguous
+bytes (numpy arrays, bytearrays, CPU tensors viewed as uint8).
+
+    geometry.py     KVGeometry (per-token KV size), BlockLayout (block -> 4 KiB-aligned file offset)
+    aligned.py      page-aligned buffers for O_DIRECT, byte views of caller buffers
+    checksum.py     crc32c of blocks, the per-block checksum table
+    direct_file.py  O_DIRECT open with buffered fallback, page-cache eviction
+    io_engine.py    thread pool of preadv/pwritev over runs of adjacent buffers
+    header.py       page 0 of a block file (format version, layout, model id)
+    block_file.py   KVBlockFile: create/open/validate, coalesced checksummed block I/O
+"""
+
+from kvtier.storage.aligned import aligned_buffer, byte_view, is_aligned
+from kvtier.storage.block_file import KVBlockFile
+from kvtier.storage.checksum import checksum
+from kvtier.storage.direct_file import drop_page_cache, open_direct
+from kvtier.storage.geometry import DTYPE_SIZES, PAGE, BlockLayout, K, KVGeometry, V, round_up
+from kvtier.storage.header import FORMAT_VERSION, MAGIC
+from kvtier.storage.io_engine import IOEngine, IOStats
+
+__all__ = [
+    "DTYPE_SIZES", "FORMAT_VERSION", "MAGIC", "PAGE", "K", "V",
+    "BlockLayout", "IOEngine", "IOStats", "KVBlockFile", "KVGeometry",
+    "aligned_buffer", "byte_view", "checksum", "drop_page_cache", "is_aligned", "open_direct", "round_up",
+]

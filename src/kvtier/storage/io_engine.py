@@ -1,0 +1,216 @@
+"""Parallel positional vectored I/O: many `preadv`/`pwritev` calls spread over a thread pool.
+
+A *run* is (file offset, buffers): buffers laid back to back on disk starting
+at the offset, moved by one vectored syscall. Python threads release the GIL
+inside `os.preadv`/`os.pwritev`, so a pool of threads keeps several requests in
+flight at the SSD, which is what random reads need to approach its bandwidth.
+The synchronous calls run one run in the calling thread, so a single run costs
+no thread hand-off.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from kvtier.errors import ConfigError, StorageError
+
+Run = tuple[int, Sequence[memoryview]]
+T = TypeVar("T")
+
+_COUNTERS = ("bytes_read", "bytes_written", "read_calls", "write_calls", "bounce_copies")
+try:
+    IOV_MAX = os.sysconf("SC_IOV_MAX")
+except (ValueError, OSError):  # not reported by this libc: POSIX minimum on Linux
+    IOV_MAX = 1024
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+@dataclass
+class IOStats:
+    """Bytes and syscalls moved by an engine; `bounce_copies` counts blocks copied through aligned buffers."""
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+    read_calls: int = 0
+    write_calls: int = 0
+    bounce_copies: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        """Add to the named counters atomically (called from I/O threads)."""
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def snapshot(self) -> IOStats:
+        """A consistent copy of the counters."""
+        with self._lock:
+            return IOStats(**{name: getattr(self, name) for name in _COUNTERS})
+
+    def minus(self, earlier: IOStats) -> IOStats:
+        """Counters moved since `earlier` (a previous snapshot)."""
+        return IOStats(**{name: getattr(self, name) - getattr(earlier, name) for name in _COUNTERS})
+
+
+class IOEngine:
+    """A thread pool that moves runs of buffers to and from file descriptors."""
+
+    def __init__(self, threads: int = 8) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigError(f"I/O threads must be a positive integer, got {threads!r}")
+        self.threads = threads
+        self.stats = IOStats()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvtier-io")
+
+    def read_runs(self, fd: int, runs: Sequence[Run]) -> None:
+        """Fill every run's buffers from the file, one preadv per run (split only past IOV_MAX)."""
+        self._run_all(self._read_run, fd, runs)
+
+    def write_runs(self, fd: int, runs: Sequence[Run]) -> None:
+        """Write every run's buffers to the file, one pwritev per run (split only past IOV_MAX)."""
+        self._run_all(self._write_run, fd, runs)
+
+    def submit_read_runs(self, fd: int, runs: Sequence[Run]) -> Future[None]:
+        """`read_runs` in the background; the future completes when every run is done."""
+        return gather([self._pool.submit(self._read_run, fd, *run) for run in runs])
+
+    def submit_write_runs(self, fd: int, runs: Sequence[Run]) -> Future[None]:
+        """`write_runs` in the background; the future completes when every run is done."""
+        return gather([self._pool.submit(self._write_run, fd, *run) for run in runs])
+
+    def close(self) -> None:
+        """Wait for queued I/O, then stop the threads."""
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> IOEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run_all(self, transfer: Callable[[int, int, Sequence[memoryview]], None], fd: int,
+                 runs: Sequence[Run]) -> None:
+        if not runs:
+            return
+        others = [self._pool.submit(transfer, fd, *run) for run in runs[1:]]
+        try:
+            transfer(fd, *runs[0])
+        finally:
+            # Never return while a thread may still be filling or reading a caller's buffer.
+            wait(others)
+        for future in others:
+            future.result()
+
+    def _read_run(self, fd: int, offset: int, buffers: Sequence[memoryview]) -> None:
+        self._transfer(os.preadv, "read", fd, offset, buffers)
+
+    def _write_run(self, fd: int, offset: int, buffers: Sequence[memoryview]) -> None:
+        self._transfer(os.pwritev, "write", fd, offset, buffers)
+
+    def _transfer(self, syscall: Callable[[int, Any, int], int], verb: str, fd: int, offset: int,
+                  buffers: Sequence[memoryview]) -> None:
+        pending = [memoryview(buffer).cast("B") for buffer in buffers]
+        pending = [view for view in pending if view.nbytes]
+        while pending:
+            try:
+                moved = syscall(fd, pending[:IOV_MAX], offset)
+            except OSError as error:
+                raise _storage_error(error, verb, fd, offset) from error
+            if moved == 0:
+                raise StorageError(f"{fd_name(fd)}: unexpected end of file at offset {offset} while trying to "
+                                   f"{verb} {sum(view.nbytes for view in pending)} more bytes; the file is truncated")
+            if verb == "read":
+                self.stats.add(bytes_read=moved, read_calls=1)
+            else:
+                self.stats.add(bytes_written=moved, write_calls=1)
+            offset += moved
+            pending = _advance(pending, moved)
+
+
+def _advance(views: list[memoryview], nbytes: int) -> list[memoryview]:
+    """The part of `views` left after the first `nbytes` bytes were transferred (short read/write)."""
+    for index, view in enumerate(views):
+        if nbytes < view.nbytes:
+            return [view[nbytes:], *views[index + 1:]]
+        nbytes -= view.nbytes
+    return []
+
+
+def fd_name(fd: int) -> str:
+    """The path an open file descriptor refers to, for error messages."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"file descriptor {fd}"
+
+
+def _storage_error(error: OSError, verb: str, fd: int, offset: int) -> StorageError:
+    name = fd_name(fd)
+    if error.errno in _NO_SPACE:
+        return StorageError(f"{name}: no space left on the device while writing at offset {offset}; "
+                            f"free space in {os.path.dirname(name) or '.'} or use a smaller storage budget")
+    return StorageError(f"{name}: {verb} failed at offset {offset}: {error.strerror}")
+
+
+def gather(futures: Iterable[Future[Any]]) -> Future[None]:
+    """A future that completes when all `futures` have, failing with the first error among them."""
+    futures = list(futures)
+    combined: Future[None] = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def on_done(_: Future[Any]) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        # Only report once all are finished, so no buffer is still in use when the caller sees an error.
+        errors = [future.exception() for future in futures if future.exception() is not None]
+        if errors:
+            combined.set_exception(errors[0])
+        else:
+            combined.set_result(None)
+
+    if not futures:
+        combined.set_result(None)
+    for future in futures:
+        future.add_done_callback(on_done)
+    return combined
+
+
+def then(future: Future[Any], step: Callable[[], T]) -> Future[T]:
+    """A future for `step()` run once `future` succeeded; either's error becomes the new future's error."""
+    chained: Future[T] = Future()
+
+    def on_done(done: Future[Any]) -> None:
+        error = done.exception()
+        if error is not None:
+            chained.set_exception(error)
+            return
+        try:
+            chained.set_result(step())
+        except BaseException as step_error:  # delivered to whoever waits on the future
+            chained.set_exception(step_error)
+
+    future.add_done_callback(on_done)
+    return chained
+
+
+def consecutive_spans(numbers: Sequence[int]) -> list[slice]:
+    """Slices of sorted `numbers` within which each number is one more than the one before.
+
+    Used to coalesce blocks (or pages) that are adjacent on disk into one run.
+    """
+    spans: list[slice] = []
+    start = 0
+    for index in range(1, len(numbers) + 1):
+        if index == len(numbers) or numbers[index] != numbers[index - 1] + 1:
+            spans.append(slice(start, index))
+            start = index
+    return spans

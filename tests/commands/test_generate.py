@@ -1,0 +1,104 @@
+"""`kvtier generate` end to end on a tiny local model: JSON output, and one-line errors for bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvtier.cli import main
+
+PROMPT = "what is the code of the blue lighthouse " * 20
+
+
+def _generate(model_dir, *extra):
+    return main(["generate", "--model", str(model_dir), "--prompt", PROMPT, "--max-new-tokens", "8", *extra])
+
+
+def _one_line_error(capsys, rc) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("kvtier: error: "), err
+    return err[0]
+
+
+def test_json_is_the_last_stdout_line_and_offload_reads_disk(tiny_model_dir, tmp_path, capsys):
+    rc = _generate(tiny_model_dir, "--kv", "offload", "--device-kv-budget", "8KiB", "--host-kv-budget", "0",
+                   "--block-tokens", "16", "--storage-dir", str(tmp_path), "--json")
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for field in ("text", "prefill_tokens", "decode_tokens", "prefill_s", "decode_s", "ms_per_token",
+                  "disk_bytes_read", "disk_bytes_written", "kv_bytes"):
+        assert field in result
+    assert result["prefill_tokens"] == 160 and result["decode_tokens"] >= 1
+    assert result["disk_bytes_read"] > 0 and result["disk_bytes_written"] > 0
+    assert set(result["kv_bytes"]) == {"device", "host", "storage"} and result["kv_bytes"]["storage"] > 0
+    assert not list(tmp_path.iterdir())  # the KV file is scratch: removed at the end
+
+
+def test_offload_text_equals_dense_text(tiny_model_dir, tmp_path, capsys):
+    _generate(tiny_model_dir, "--json")
+    dense = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    _generate(tiny_model_dir, "--json", "--kv", "offload", "--device-kv-budget", "8KiB", "--block-tokens", "16",
+              "--host-kv-budget", "8KiB", "--storage-dir", str(tmp_path))
+    offload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert offload["token_ids"] == dense["token_ids"]
+
+
+def test_unknown_model(capsys):
+    rc = main(["generate", "--model", "no-such-model", "--prompt", "hi"])
+    assert "no-such-model" in _one_line_error(capsys, rc)
+
+
+def test_missing_input_file(tmp_path, capsys):
+    rc = main(["generate", "--file", str(tmp_path / "missing.txt")])
+    assert "missing.txt" in _one_line_error(capsys, rc)
+
+
+def test_storage_dir_missing(tiny_model_dir, tmp_path, capsys):
+    rc = _generate(tiny_model_dir, "--kv", "offload", "--storage-dir", str(tmp_path / "nope"))
+    assert "does not exist" in _one_line_error(capsys, rc)
+
+
+def test_budget_smaller_than_one_block(tiny_model_dir, tmp_path, capsys):
+    rc = _generate(tiny_model_dir, "--kv", "offload", "--device-kv-budget", "1KiB", "--storage-dir", str(tmp_path))
+    assert "smaller than one KV block" in _one_line_error(capsys, rc)
+    assert not list(tmp_path.iterdir())
+
+
+def test_unparsable_budget(tiny_model_dir, capsys):
+    rc = _generate(tiny_model_dir, "--kv", "offload", "--device-kv-budget", "12 parsecs")
+    assert "cannot parse size" in _one_line_error(capsys, rc)
+
+
+def test_prompt_longer_than_context(tiny_model_dir, capsys):
+    rc = _generate(tiny_model_dir, "--max-new-tokens", "9000")
+    assert "exceeds the 8192-token context" in _one_line_error(capsys, rc)
+
+
+@pytest.fixture
+def full_dir(tmp_path):
+    """A 1 MiB tmpfs: any KV file bigger than that hits ENOSPC at preallocation."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_full_storage_dir(tiny_model_dir, full_dir, capsys):
+    # 4,000 new tokens x 2 layers x K+V x 512 B/token is ~8 MiB of KV file: more than the 1 MiB disk.
+    rc = main(["generate", "--model", str(tiny_model_dir), "--prompt", PROMPT, "--max-new-tokens", "4000",
+               "--kv", "offload", "--storage-dir", str(full_dir)])
+    assert "not enough space" in _one_line_error(capsys, rc)
+    assert not list(full_dir.iterdir())
+
+
+def test_errors_reach_the_shell_without_traceback(tmp_path):
+    env = {**os.environ, "KVTIER_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "kvtier.cli", "generate", "--model", "no-such-model", "--prompt", "hi"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and done.stderr.startswith("kvtier: error:")

@@ -1,0 +1,104 @@
+import os
+
+import pytest
+import torch
+
+from kvtier.errors import ChecksumError
+from kvtier.serve.flash_swap import FlashSwap
+from kvtier.serve.kv_pool import KVPool
+from kvtier.storage import KVGeometry
+from kvtier.storage.flash_log import FlashFullError
+
+# 2 heads x 64 dims x fp32 x 16 tokens = 8 KiB blocks: page multiples, so no bounce copies.
+GEOMETRY = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=64, dtype="float32")
+
+
+def filled_pool(blocks: int = 6) -> KVPool:
+    pool = KVPool(GEOMETRY, blocks, 16)
+    generator = torch.Generator().manual_seed(0)
+    for layer in range(GEOMETRY.num_layers):
+        for kind in (0, 1):
+            pool.blocks[layer][kind].copy_(torch.randn(pool.blocks[layer][kind].shape, generator=generator))
+    return pool
+
+
+def snapshot(pool: KVPool, blocks: list[int]) -> list[torch.Tensor]:
+    return [pool.blocks[layer][kind][block].clone() for layer in range(GEOMETRY.num_layers)
+            for kind in (0, 1) for block in blocks]
+
+
+def test_swap_out_then_in_restores_blocks_straight_from_pool_memory(flash_path):
+    pool = filled_pool()
+    swap = FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=4, segment_slots=4)
+    try:
+        expected = snapshot(pool, [4, 1, 3])
+        pending = swap.swap_out([4, 1, 3])
+        pending.wait()
+        assert pending.slots == [0, 1, 2]
+        for layer in range(GEOMETRY.num_layers):
+            for kind in (0, 1):
+                pool.blocks[layer][kind].zero_()
+        swap.swap_in(pending.slots, [0, 2, 5])
+        assert all(torch.equal(a, b) for a, b in zip(expected, snapshot(pool, [0, 2, 5])))
+        assert swap.io.stats.bounce_copies == 0
+        # 3 blocks x 2 layers x K/V x 8 KiB each way.
+        assert swap.stats.out_bytes == swap.stats.in_bytes == 3 * 2 * 2 * 8192
+        assert swap.allocator.live == 0
+    finally:
+        swap.close()
+
+
+def test_consecutive_swap_outs_append_sequentially(flash_path):
+    pool = filled_pool()
+    swap = FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=2, segment_slots=4)
+    try:
+        first, second = swap.swap_out([0, 1]), swap.swap_out([2])
+        first.wait(), second.wait()
+        swap.swap_in(first.slots, [0, 1])
+        third = swap.swap_out([3, 4])
+        third.wait()
+        assert (first.slots, second.slots, third.slots) == ([0, 1], [2], [3, 4])
+        assert swap.allocator.sequential_share == 1.0
+    finally:
+        swap.close()
+
+
+def test_full_flash_refuses_without_reserving(flash_path):
+    pool = filled_pool()
+    swap = FlashSwap(pool, flash_path, num_slots=4, model_id="tiny", io_threads=2, segment_slots=2)
+    try:
+        swap.swap_out([0, 1, 2]).wait()
+        with pytest.raises(FlashFullError):
+            swap.swap_out([3, 4])
+        assert swap.allocator.live == 3
+    finally:
+        swap.close()
+
+
+def test_the_file_is_reused_when_it_matches_and_rebuilt_when_not(flash_path):
+    pool = filled_pool()
+    FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=2).close()
+    created = os.stat(flash_path).st_ino
+    again = FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=2)
+    again.close()
+    assert again.reused and os.stat(flash_path).st_ino == created
+    other = FlashSwap(pool, flash_path, num_slots=16, model_id="tiny", io_threads=2)
+    other.close()
+    assert not other.reused and other.file.layout.num_blocks == 16
+
+
+def test_a_corrupted_block_is_detected_on_swap_in_and_its_slots_released(flash_path):
+    pool = filled_pool()
+    swap = FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=2, segment_slots=4)
+    try:
+        pending = swap.swap_out([0, 1])
+        pending.wait()
+        offset = swap.file.layout.offset(1, 1, pending.slots[1])  # layer 1, V, second block
+        with open(flash_path, "r+b") as raw:
+            raw.seek(offset)
+            raw.write(b"\xff" * 64)
+        with pytest.raises(ChecksumError, match="layer 1 V block 1"):
+            swap.swap_in(pending.slots, [2, 3])
+        assert swap.allocator.live == 0
+    finally:
+        swap.close()

@@ -1,0 +1,185 @@
+"""The sparse cache end to end on tiny random models: exactness at alpha = 1, tiers, faults, budgets."""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier.errors import ConfigError
+from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache, tier_bytes
+from kvtier.sparse.cache import make_sparse_cache
+from kvtier.sparse.layer import SparseLayer
+from kvtier.sparse.settings import SparseSettings
+
+
+def _run(model, cache, ids, steps, chunk=64, between_steps=None):
+    """Chunked prefill then greedy steps; logits of every forward pass, stacked."""
+    outputs = []
+    with torch.inference_mode():
+        for start in range(0, ids.shape[1], chunk):
+            outputs.append(model(input_ids=ids[:, start : start + chunk], cache=cache).logits[:, -1])
+        for step in range(steps):
+            if between_steps is not None:
+                between_steps(step, cache)
+            token = outputs[-1].argmax(-1, keepdim=True)
+            outputs.append(model(input_ids=token, cache=cache).logits[:, -1])
+    return torch.stack(outputs)
+
+
+def _ids(batch, tokens, seed):
+    return torch.randint(0, 128, (batch, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def _sparse(model, tmp_path, tokens, batch=1, host="64KiB", **settings):
+    settings = SparseSettings(**{"beta": 0.5, "sink": 4, "recent": 16, "demote_batch": 16, **settings})
+    config = model.config
+    return make_sparse_cache(model, settings, tokens, batch, str(tmp_path), device_budget=2**20,
+                             host_budget=int(host.removesuffix("KiB")) * 1024, tiered_layers=full_attention_layers(config))
+
+
+def _dense(model, ids, steps):
+    return _run(model, make_cache(model, KVConfig(), ids.shape[1] + steps), ids, steps)
+
+
+def test_alpha_one_equals_dense_bit_for_bit_with_a_batch(tiny_llama, tmp_path):
+    ids = _ids(2, 200, 1)
+    cache = _sparse(tiny_llama, tmp_path, 220, batch=2, alpha=1.0)
+    try:
+        sparse = _run(tiny_llama, cache, ids, 6)
+        tiers = [layer.tier_tokens() for layer in cache.layers]
+        assert all(t["host"] > 0 and t["storage"] > 0 and sum(t.values()) == 206 for t in tiers)
+        summary = cache.stats.summary()
+        assert summary["selected_cold"] == summary["pooled_cold"] > 0  # alpha 1 fetched every cold token
+        assert cache.runtime.scorer.host_scored_requests == 0
+    finally:
+        close_cache(cache)
+    assert torch.equal(sparse, _dense(tiny_llama, ids, 6))
+    assert not list(tmp_path.iterdir())  # close removed the cold-pool files
+
+
+def test_placement_respects_the_host_budget_and_keeps_the_window_on_the_device(tiny_llama, tmp_path):
+    ids = _ids(1, 300, 2)
+    cache = _sparse(tiny_llama, tmp_path, 310, host="16KiB", beta=10.0)  # beta asks for more than M0 allows
+    try:
+        _run(tiny_llama, cache, ids, 3)
+        per_token = 2 * 2 * 16 * 4 * 2  # K+V, 2 KV heads, head_dim 16, fp32, 2 tiered layers
+        max_hot = 16 * 1024 // per_token - 16
+        assert cache.runtime.plan.capped and cache.runtime.hot_tokens == max_hot
+        for layer in cache.layers:
+            # placed at 300 tokens; each decode step then retires one token from the recent window to the hot pool
+            assert layer.tier_tokens() == {"device": 4 + 16, "host": max_hot + 3, "storage": 300 - 20 - max_hot}
+            assert list(layer.window_positions[:4]) == [0, 1, 2, 3]
+            assert list(layer.window_positions[4:]) == list(range(287, 303))
+        sizes = tier_bytes(cache, tiny_llama)
+        assert sizes["host"] <= 16 * 1024 and sizes["storage"] > sizes["host"]
+        assert cache.io_stats().bytes_read > 0
+    finally:
+        close_cache(cache)
+
+
+def test_sparse_attention_reads_a_fraction_of_the_cold_pool(tiny_llama, tmp_path):
+    ids = _ids(1, 400, 3)
+    cache = _sparse(tiny_llama, tmp_path, 420, alpha=0.1)
+    try:
+        _run(tiny_llama, cache, ids, 6)
+        summary = cache.stats.summary()
+        attended = summary["selected_hot"] + summary["selected_cold"]
+        assert attended == pytest.approx(2 * np.ceil(0.1 * (summary["pooled_hot"] + summary["pooled_cold"]) / 2), abs=2)
+        assert summary["selected_cold"] < summary["pooled_cold"]
+    finally:
+        close_cache(cache)
+
+
+def test_killing_the_scorer_mid_generation_changes_nothing(tiny_llama, tmp_path):
+    ids = _ids(1, 300, 4)
+    reference_cache = _sparse(tiny_llama, tmp_path, 320, alpha=0.3)
+    try:
+        reference = _run(tiny_llama, reference_cache, ids, 6)
+    finally:
+        close_cache(reference_cache)
+
+    def kill_at_step_3(step, cache):
+        if step == 3:
+            os.kill(cache.runtime.scorer.process.pid, signal.SIGKILL)
+            cache.runtime.scorer.process.wait()
+
+    cache = _sparse(tiny_llama, tmp_path, 320, alpha=0.3)
+    try:
+        faulty = _run(tiny_llama, cache, ids, 6, between_steps=kill_at_step_3)
+        assert cache.runtime.scorer.host_scored_requests == 1 and cache.runtime.scorer.restarts == 1
+    finally:
+        close_cache(cache)
+    assert torch.equal(reference, faulty)
+
+
+def test_a_scorer_crash_inside_a_request_changes_nothing(tiny_llama, tmp_path):
+    ids = _ids(1, 300, 5)
+    reference_cache = _sparse(tiny_llama, tmp_path, 310, alpha=0.3)
+    try:
+        reference = _run(tiny_llama, reference_cache, ids, 3)
+    finally:
+        close_cache(reference_cache)
+    cache = _sparse(tiny_llama, tmp_path, 310, alpha=0.3, crash_scorer_after_blocks=7)
+    try:
+        faulty = _run(tiny_llama, cache, ids, 3)
+        assert cache.runtime.scorer.host_scored_requests == 1
+    finally:
+        close_cache(cache)
+    assert torch.equal(reference, faulty)
+
+
+def test_gemma3_sliding_layers_stay_dense_and_alpha_one_matches(tiny_gemma3, tmp_path):
+    ids = _ids(1, 150, 6)
+    cache = _sparse(tiny_gemma3, tmp_path, 160, alpha=1.0)
+    try:
+        sparse = _run(tiny_gemma3, cache, ids, 6)
+        kinds = [type(layer).__name__ for layer in cache.layers]
+        assert kinds == ["DynamicSlidingWindowLayer", "SparseLayer", "DynamicSlidingWindowLayer"]
+        assert cache.layers[0].keys.shape[2] <= 16
+    finally:
+        close_cache(cache)
+    assert torch.equal(sparse, _dense(tiny_gemma3, ids, 6))
+
+
+def test_migration_swaps_tokens_within_bounds(tiny_llama, tmp_path):
+    ids = _ids(1, 300, 7)
+    cache = _sparse(tiny_llama, tmp_path, 340, alpha=0.2, policy="naive", max_moves=3)
+    try:
+        _run(tiny_llama, cache, ids, 8)
+        steps = cache.stats.steps
+        assert sum(step.promotions for step in steps) > 0
+        assert all(step.promotions <= 3 * 2 for step in steps)  # 3 per layer, 2 tiered layers
+        for layer in cache.layers:  # every pooled token is in exactly one pool
+            hot = set(layer.hot.positions[0, : layer.hot.used].tolist())
+            cold = set(cache.runtime.cold.positions[layer.tier, 0, : cache.runtime.cold.used[layer.tier]].tolist())
+            window = set(layer.window_positions.tolist())
+            assert not hot & cold and not (hot | cold) & window
+            assert hot | cold | window == set(range(308))
+        moves, _ = cache.ping_pong()
+        assert moves == 2 * sum(step.promotions for step in steps)
+    finally:
+        close_cache(cache)
+
+
+def test_a_device_budget_below_the_window_is_refused(tiny_llama, tmp_path):
+    settings = SparseSettings(sink=4, recent=64)
+    with pytest.raises(ConfigError, match="--device-kv-budget"):
+        make_sparse_cache(tiny_llama, settings, 100, 1, str(tmp_path), device_budget=1024, host_budget=2**20,
+                          tiered_layers=[0, 1])
+
+
+def test_kv_config_builds_a_sparse_cache(tiny_llama, tmp_path):
+    config = KVConfig(kv="sparse", alpha=0.5, score_bits=4, beta="1.5", sink=2, recent=8, storage_dir=str(tmp_path))
+    cache = make_cache(tiny_llama, config, 100)
+    try:
+        settings = cache.runtime.settings
+        assert (settings.alpha, settings.score_bits, settings.beta, settings.sink, settings.recent) == (0.5, 4, 1.5, 2, 8)
+        assert all(isinstance(layer, SparseLayer) for layer in cache.layers)
+    finally:
+        close_cache(cache)
+    with pytest.raises(ConfigError, match="--alpha"):
+        KVConfig(kv="sparse", alpha=0).validated()
+    with pytest.raises(ConfigError, match="--beta"):
+        KVConfig(kv="sparse", beta="fast").validated()

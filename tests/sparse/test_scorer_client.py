@@ -1,0 +1,138 @@
+"""The storage scorer as a real process: protocol, streamed blocks, and what happens when it dies."""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from kvtier.sparse.protocol import CONTROL_SCORER_READ_BYTES, Channel, ChannelSpec
+from kvtier.sparse.record_file import RecordFile, RecordLayout
+from kvtier.sparse.scorer_client import ScorerClient
+from kvtier.sparse.sketch import SketchFormat, quantize, score
+from kvtier.storage import IOEngine
+
+LAYERS, BATCH, SLOTS, TOKENS, BLOCK = 2, 2, 1000, 700, 64
+FMT = SketchFormat(8, 2, 32)
+
+
+@pytest.fixture()
+def pool(tmp_path):
+    """A sketch file with TOKENS random keys per (layer, sequence), positions published in a channel."""
+    rng = np.random.default_rng(0)
+    channel = Channel.create(ChannelSpec(BATCH, LAYERS, 2, 1, 32, SLOTS))
+    layout = RecordLayout(FMT.record_bytes, LAYERS, BATCH, SLOTS)
+    io = IOEngine(2)
+    file = RecordFile(str(tmp_path / "sketches"), layout, io)
+    keys = rng.standard_normal((LAYERS, BATCH, TOKENS, 2, 32)).astype(np.float32)
+    for layer in range(LAYERS):
+        for seq in range(BATCH):
+            file.write_records(layer, seq, np.arange(TOKENS), quantize(keys[layer, seq], FMT))
+            channel.positions[layer, seq, :TOKENS] = np.arange(TOKENS) * 3 + seq  # any labels will do
+    channel.query[:] = rng.standard_normal(channel.query.shape)
+    yield channel, file, keys
+    file.remove()
+    io.close()
+    channel.close()
+
+
+def _expected(channel, keys, layer, seq):
+    return score(quantize(keys[layer, seq], FMT), channel.query[seq], FMT, "sum")
+
+
+def _client(channel, file, **options):
+    return ScorerClient(channel, file.path, file.layout, FMT, "sum", BLOCK, io_threads=2, **options)
+
+
+def test_scores_stream_back_as_position_score_blocks(pool):
+    channel, file, keys = pool
+    client = _client(channel, file)
+    try:
+        client.submit(1, TOKENS)
+        client.wait()
+        for seq in range(BATCH):
+            results = channel.results[seq, :TOKENS]
+            np.testing.assert_array_equal(results["score"], _expected(channel, keys, 1, seq))
+            np.testing.assert_array_equal(results["position"], np.arange(TOKENS) * 3 + seq)
+        assert list(channel.progress) == [-(-TOKENS // BLOCK)] * BATCH
+        assert channel.control[CONTROL_SCORER_READ_BYTES] >= BATCH * TOKENS * FMT.record_bytes
+        assert client.host_scored_requests == 0 and client.process.poll() is None
+    finally:
+        client.close()
+    assert client.process is None
+
+
+def test_an_empty_request_is_a_cheap_round_trip(pool):
+    channel, file, _ = pool
+    client = _client(channel, file)
+    try:
+        assert client.round_trip_s(repeats=20) < 0.5  # a sanity bound only; the benchmark reports the real figure
+        assert client.host_scored_requests == 0
+    finally:
+        client.close()
+
+
+def test_a_killed_scorer_is_noticed_replaced_and_its_layer_scored_on_the_host(pool):
+    channel, file, keys = pool
+    client = _client(channel, file)
+    try:
+        first = client.process
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        client.submit(0, TOKENS)
+        client.wait()
+        np.testing.assert_array_equal(channel.results[1, :TOKENS]["score"], _expected(channel, keys, 0, 1))
+        assert client.host_scored_requests == 1 and client.restarts == 1
+        assert client.process is not first and client.process.poll() is None
+        client.submit(1, TOKENS)  # the replacement serves the next request
+        client.wait()
+        np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"], _expected(channel, keys, 1, 0))
+        assert client.host_scored_requests == 1
+    finally:
+        client.close()
+
+
+def test_a_scorer_dying_mid_request_is_resumed_from_its_last_block(pool):
+    channel, file, keys = pool
+    client = _client(channel, file, crash_after_blocks=5)  # dies inside sequence 0's blocks
+    try:
+        client.submit(1, TOKENS)
+        client.wait()
+        assert client.host_scored_requests == 1
+        for seq in range(BATCH):
+            np.testing.assert_array_equal(channel.results[seq, :TOKENS]["score"], _expected(channel, keys, 1, seq))
+    finally:
+        client.close()
+
+
+def test_after_max_restarts_the_host_keeps_scoring(pool):
+    channel, file, keys = pool
+    client = _client(channel, file, max_restarts=0)
+    try:
+        os.kill(client.process.pid, signal.SIGKILL)
+        client.process.wait()
+        for layer in (0, 1):
+            client.submit(layer, TOKENS)
+            client.wait()
+            np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"], _expected(channel, keys, layer, 0))
+        assert client.process is None and client.host_scored_requests == 2
+    finally:
+        client.close()
+
+
+def test_memory_budget_keeps_sketches_until_the_layer_is_rewritten(pool):
+    channel, file, keys = pool
+    client = _client(channel, file, memory_budget=10 * 2**20)
+    try:
+        for _ in range(2):
+            client.submit(0, TOKENS)
+            client.wait()
+        read_once = channel.control[CONTROL_SCORER_READ_BYTES]
+        assert read_once == BATCH * file.layout.prefix_bytes(TOKENS)  # the second request came from memory
+        channel.versions[0] += 1  # the host rewrote layer 0
+        client.submit(0, TOKENS)
+        client.wait()
+        assert channel.control[CONTROL_SCORER_READ_BYTES] == 2 * read_once
+        np.testing.assert_array_equal(channel.results[1, :TOKENS]["score"], _expected(channel, keys, 0, 1))
+    finally:
+        client.close()

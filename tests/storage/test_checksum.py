@@ -1,0 +1,43 @@
+import numpy as np
+import pytest
+
+from kvtier.storage.checksum import ENTRY, ChecksumTable, checksum
+from kvtier.storage.geometry import PAGE
+
+
+def test_checksum_matches_crc32c_reference_values():
+    assert checksum(b"123456789") == 0xE3069283  # the CRC-32C check value
+    assert checksum(b"") == 0
+
+
+def test_checksum_of_array_equals_checksum_of_its_bytes():
+    array = np.arange(1000, dtype=np.float32)
+    assert checksum(array) == checksum(array.tobytes())
+    assert checksum(array) != checksum(array[::-1].copy())
+
+
+def test_table_size_is_whole_pages():
+    assert ChecksumTable.nbytes_for(1) == PAGE
+    assert ChecksumTable.nbytes_for(PAGE // ENTRY.itemsize) == PAGE
+    assert ChecksumTable.nbytes_for(PAGE // ENTRY.itemsize + 1) == 2 * PAGE
+
+
+def test_table_records_and_reports_pages():
+    slots_per_page = PAGE // ENTRY.itemsize
+    table = ChecksumTable(3 * slots_per_page)
+    assert table.stored_crc(5) is None
+    assert table.record(5, 0xDEADBEEF) == 0
+    assert table.record(slots_per_page + 1, 7) == 1
+    assert table.stored_crc(5) == 0xDEADBEEF
+    assert table.stored_crc(slots_per_page + 1) == 7
+    assert table.stored_crc(6) is None
+    page = np.frombuffer(table.pages(1, 1), dtype=ENTRY)
+    assert (int(page[1]["crc"]), int(page[1]["written"])) == (7, 1)
+
+
+def test_table_pages_are_aligned():
+    table = ChecksumTable(2000)
+    view = np.frombuffer(table.pages(1, 2), dtype=np.uint8)
+    assert view.ctypes.data % PAGE == 0 and view.nbytes == 2 * PAGE
+    with pytest.raises(IndexError):
+        table.stored_crc(2000 * 100)
