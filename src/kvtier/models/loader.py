@@ -142,9 +142,10 @@ def _registry_source(spec: ModelSpec, pull_if_missing: bool) -> _Source:
 def _gguf_source(path: Path) -> _Source:
     sha256 = file_sha256(path)
     spec = find_spec_by_sha256(sha256)
+    hf_dir = _converted_or_convert(path, sha256)
     if spec is not None:  # a local copy of a registry model shares its identity and cache
-        return _Source(spec.name, _converted_or_convert(path, sha256), _gguf_model_id(spec.name, sha256), spec.context_length)
-    return _Source(path.stem, _converted_or_convert(path, sha256), _gguf_model_id(path.stem, sha256), None)
+        return _Source(spec.name, hf_dir, _gguf_model_id(spec.name, sha256), spec.context_length)
+    return _Source(path.stem, hf_dir, _gguf_model_id(path.stem, sha256), None)
 
 
 def _hf_dir_source(path: Path) -> _Source:
@@ -171,8 +172,9 @@ def _convert_gguf(gguf_path: Path, hf_dir: Path) -> None:
     partial = hf_dir.with_name(f".partial-{hf_dir.name}-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        model = _from_pretrained(AutoModelForCausalLM, gguf_path, gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
-        tokenizer = _from_pretrained(AutoTokenizer, gguf_path, gguf_path.parent, gguf_file=gguf_path.name)
+        gguf_args = {"gguf_file": gguf_path.name}
+        model = _from_pretrained(AutoModelForCausalLM, gguf_path, gguf_path.parent, dtype=torch.float32, **gguf_args)
+        tokenizer = _from_pretrained(AutoTokenizer, gguf_path, gguf_path.parent, **gguf_args)
         # Dequantized weights are plain tensors; without this save_pretrained would record a GGUF quantization.
         model.hf_quantizer = None
         del model.config.quantization_config
@@ -186,9 +188,12 @@ def _convert_gguf(gguf_path: Path, hf_dir: Path) -> None:
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def _load_hf_dir(hf_dir: Path, dtype: torch.dtype, attn_implementation: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_hf_dir(
+    hf_dir: Path, dtype: torch.dtype, attn_implementation: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     model, info = _from_pretrained(
-        AutoModelForCausalLM, hf_dir, hf_dir, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True
+        AutoModelForCausalLM, hf_dir, hf_dir,
+        dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True,
     )
     # transformers fills missing weights with random values and only warns; a model like that is useless.
     incomplete = sorted(info["missing_keys"]) + sorted(str(key[0]) for key in info["mismatched_keys"])

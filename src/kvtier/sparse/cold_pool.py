@@ -89,6 +89,9 @@ class ColdPool:
             if checksum(record) != self._crc[layer, seq, slot]:
                 raise ChecksumError(f"{self.kv.path}: cold K/V of layer {layer} sequence {seq} slot {slot} does not "
                                     "match its checksum; the file is damaged: rerun the generation")
+        if not len(slots):  # torch gives an empty byte array a zero stride, which it refuses to reinterpret
+            empty = torch.empty(self.heads, 0, self.head_dim, dtype=self.dtype)
+            return empty, empty.clone(), 0
         tokens = torch.from_numpy(records).view(self.dtype).view(len(slots), 2, self.heads, self.head_dim)
         return tokens[:, 0].transpose(0, 1), tokens[:, 1].transpose(0, 1), pages
 

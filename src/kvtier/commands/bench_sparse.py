@@ -1,0 +1,233 @@
+"""`kvtier bench sparse`: decode speed of `--kv sparse` side by side with `--kv offload`, plus selection quality.
+
+One run, same prompt, same budgets: the host budget defaults to 40% of the
+prompt's KV so that more than half of it lives in the storage tier. Reports
+per mode decode ms/token and disk bytes per step; for the sparse path the
+step breakdown (scoring, fetch, attention, migration, rest of the model),
+cold selection rate, K/V pages read per step, migrations and ping-pong rate
+(per policy), APP's predicted vs measured T_CPU/T_storage, the scorer's
+round-trip time; and the recall of the selected set against exact top-k for
+sum/max head aggregation at full precision, INT8 and INT4.
+
+Cold reads are honest: the sparse cold pool and the offload KV file are read
+with O_DIRECT (the result says so; on a filesystem without O_DIRECT the
+files are read buffered and the result records `direct: false`).
+Writes JSON and markdown under `--out` (default bench/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from kvtier.commands.kv_options import add_model_option
+from kvtier.data.corpus import load_corpus
+from kvtier.kv.factory import KVConfig, close_cache, default_storage_dir, full_attention_layers, make_cache
+from kvtier.models.loader import load_model
+from kvtier.sparse.cache import SparseCache, make_sparse_cache
+from kvtier.sparse.planner import load_or_calibrate
+from kvtier.sparse.recall import ESTIMATES, estimate, exact_mass, recall_at
+from kvtier.sparse.settings import SparseSettings
+from kvtier.units import format_size
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("sparse", help="sparse (HillInfer) path vs full offload: speed, disk bytes, recall")
+    add_model_option(parser)
+    parser.add_argument("--context", type=int, default=2048, help="prompt tokens per sequence")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--new-tokens", type=int, default=16, help="decode steps timed per mode")
+    parser.add_argument("--alpha", type=float, default=0.2)
+    parser.add_argument("--score-bits", type=int, choices=(8, 4), default=8)
+    parser.add_argument("--beta", default="auto")
+    parser.add_argument("--host-share", type=float, default=0.4, help="host budget as a share of the prompt's KV")
+    parser.add_argument("--policies", default="hit,naive", help="migration policies to run the sparse path with")
+    parser.add_argument("--skip-offload", action="store_true")
+    parser.add_argument("--storage-dir", default=None)
+    parser.add_argument("--prefill-chunk", type=int, default=1024)
+    parser.add_argument("--recalibrate", action="store_true", help="measure APP's throughputs again")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(1)  # the scorer process needs the other core; torch's spinning pool starves it
+    llm = load_model(args.model)
+    model, config = llm.model, llm.model.config.get_text_config(decoder=True)
+    ids = _prompt(llm, args.context, args.batch)
+    tiered = full_attention_layers(config)
+    kv_bytes = _kv_bytes(model, tiered, args.context, args.batch)
+    host_budget = int(args.host_share * kv_bytes)
+    storage_dir = args.storage_dir or str(default_storage_dir())
+    Path(storage_dir).mkdir(parents=True, exist_ok=True)
+    result = {"model": args.model, "context": args.context, "batch": args.batch, "new_tokens": args.new_tokens,
+              "alpha": args.alpha, "score_bits": args.score_bits, "prompt_kv_bytes": kv_bytes,
+              "host_budget_bytes": host_budget, "torch_threads": 1, "modes": {}}
+    if args.recalibrate:
+        heads = config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        result["calibration"] = vars(load_or_calibrate(storage_dir, heads, head_dim, model.dtype, args.score_bits,
+                                                       "sum", refresh=True))
+    device_budget = 8 * 2**20 * args.batch
+    if not args.skip_offload:
+        offload = KVConfig(kv="offload", device_kv_budget=device_budget, host_kv_budget=host_budget,
+                           storage_dir=storage_dir)
+        result["modes"]["offload"] = _measure(model, make_cache(model, offload, ids.shape[1] + args.new_tokens + 1,
+                                                                args.batch, llm.model_id), ids, args)
+    for policy in args.policies.split(","):
+        settings = SparseSettings(alpha=args.alpha, score_bits=args.score_bits, policy=policy,
+                                  beta=None if args.beta == "auto" else float(args.beta))
+        cache = make_sparse_cache(model, settings, ids.shape[1] + args.new_tokens + 1, args.batch, storage_dir,
+                                  device_budget, host_budget, tiered)
+        result["modes"][f"sparse-{policy}"] = _measure(model, cache, ids, args)
+    result["recall"] = _recall(model, ids[:1], args.alpha)
+    _write(result, args.out)
+    return 0
+
+
+def _prompt(llm, tokens: int, batch: int) -> torch.Tensor:
+    """`batch` different stretches of the corpus, `tokens` tokens each."""
+    text = load_corpus("auto", min_chars=tokens * 6 * batch, progress=False).text
+    all_ids = llm.tokenizer(text)["input_ids"]
+    if len(all_ids) < tokens * batch:
+        all_ids = all_ids * math.ceil(tokens * batch / len(all_ids))
+    return torch.tensor([all_ids[i * tokens : (i + 1) * tokens] for i in range(batch)], dtype=torch.long)
+
+
+def _kv_bytes(model, tiered: list[int], tokens: int, batch: int) -> int:
+    config = model.config.get_text_config(decoder=True)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    itemsize = torch.empty(0, dtype=model.dtype).element_size()
+    return 2 * config.num_key_value_heads * head_dim * itemsize * len(tiered) * tokens * batch
+
+
+def _measure(model, cache, ids: torch.Tensor, args: argparse.Namespace) -> dict:
+    """Prefill, then `new_tokens` timed greedy steps; what they cost."""
+    try:
+        with torch.inference_mode():
+            started = time.perf_counter()
+            for start in range(0, ids.shape[1], args.prefill_chunk):
+                logits = model(input_ids=ids[:, start : start + args.prefill_chunk], cache=cache,
+                               logits_to_keep=1).logits[:, -1]
+            prefill_s = time.perf_counter() - started
+            token = logits.argmax(-1, keepdim=True)
+            logits = model(input_ids=token, cache=cache).logits[:, -1]  # first step places the tiers (sparse)
+            before = _io(cache)
+            started = time.perf_counter()
+            for _ in range(args.new_tokens):
+                token = logits.argmax(-1, keepdim=True)
+                logits = model(input_ids=token, cache=cache).logits[:, -1]
+            decode_s = time.perf_counter() - started
+            after = _io(cache)
+        measured = {"prefill_s": prefill_s, "ms_per_token": decode_s * 1000 / args.new_tokens,
+                    "disk_read_bytes_per_step": (after.bytes_read - before.bytes_read) / args.new_tokens,
+                    "disk_written_bytes_per_step": (after.bytes_written - before.bytes_written) / args.new_tokens}
+        if isinstance(cache, SparseCache):
+            measured |= _sparse_details(cache)
+        else:
+            measured["direct"] = cache.store.file.direct
+        return measured
+    finally:
+        close_cache(cache)
+
+
+def _io(cache):
+    return cache.io_stats() if isinstance(cache, SparseCache) else cache.store.file.io.stats.snapshot()
+
+
+def _sparse_details(cache: SparseCache) -> dict:
+    summary = cache.stats.summary(skip=1)
+    moves, ping_pongs = cache.ping_pong()
+    runtime = cache.runtime
+    return {
+        "direct": runtime.cold.kv.direct,
+        "breakdown_ms": {part: summary[f"{part}_s"] * 1000 for part in ("score", "fetch", "attention", "migrate", "rest")},
+        "cold_selection_rate": summary["selected_cold"] / max(summary["pooled_cold"], 1),
+        "hot_selection_rate": summary["selected_hot"] / max(summary["pooled_hot"], 1),
+        "cold_share_of_pool": summary["pooled_cold"] / max(summary["pooled_cold"] + summary["pooled_hot"], 1),
+        "cold_pages_read_per_step": summary["cold_pages_read"],
+        "promotions_per_step": summary["promotions"],
+        "migrations": moves, "ping_pongs": ping_pongs, "ping_pong_rate": ping_pongs / moves if moves else 0.0,
+        "predicted_ms": {"T_CPU": summary["predicted_host_s"] * 1000, "T_storage": summary["predicted_storage_s"] * 1000},
+        "measured_ms": {"T_CPU": summary["host_time_s"] * 1000, "T_storage": summary["storage_time_s"] * 1000},
+        "beta": runtime.plan.beta if runtime.plan else None, "hot_tokens": runtime.hot_tokens,
+        "scorer_round_trip_us": runtime.scorer.round_trip_s(repeats=200) * 1e6,
+        "scorer_host_fallbacks": runtime.scorer.host_scored_requests,
+    }
+
+
+def _recall(model, ids: torch.Tensor, alpha: float) -> dict:
+    """Recall of each importance estimate vs exact top-k, averaged over the layers of one decode step."""
+    captured: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = {}
+    inner = model.config._attn_implementation.removeprefix("kvtier_sparse_")
+
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        if query.shape[2] == 1:
+            captured[module.layer_idx] = (query[0, :, 0], key[0], kwargs.get("scaling") or query.shape[-1] ** -0.5)
+        return ALL_ATTENTION_FUNCTIONS[inner](module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("kvtier_capture", capture)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("kvtier_capture")
+    try:
+        with torch.inference_mode():
+            cache = make_cache(model, KVConfig(), ids.shape[1] + 1)
+            logits = model(input_ids=ids, cache=cache, logits_to_keep=1).logits[:, -1]
+            model(input_ids=logits.argmax(-1, keepdim=True), cache=cache)
+    finally:
+        model.set_attn_implementation(previous)
+    table: dict[str, list[tuple[float, float]]] = {}
+    for query, keys, scaling in captured.values():
+        mass = exact_mass(query, keys, scaling)
+        k = math.ceil(alpha * len(mass))
+        for aggregation, bits in ESTIMATES:
+            name = f"{aggregation}-{'fp' if bits is None else f'int{bits}'}"
+            table.setdefault(name, []).append(recall_at(mass, estimate(query, keys, aggregation, bits), k))
+    return {name: {"recall": float(np.mean([r for r, _ in rows])), "mass_recall": float(np.mean([m for _, m in rows]))}
+            for name, rows in table.items()}
+
+
+def _write(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"sparse-{result['model']}-{result['context']}-b{result['batch']}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"wrote {stem}.json and {stem}.md")
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# sparse vs offload: {result['model']}, {result['context']} tokens x {result['batch']}",
+             "", f"alpha {result['alpha']}, INT{result['score_bits']} sketches, host budget "
+             f"{format_size(result['host_budget_bytes'])} of {format_size(result['prompt_kv_bytes'])} prompt KV, "
+             f"{result['new_tokens']} decode steps, torch threads 1", "",
+             "| mode | ms/token | disk read/step | O_DIRECT | cold sel. rate | pages/step | ping-pong rate | "
+             "score / fetch / attention / migrate / rest ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for mode, row in result["modes"].items():
+        parts = row.get("breakdown_ms")
+        breakdown = " / ".join(f"{value:.1f}" for value in parts.values()) if parts else "-"
+        lines.append(f"| {mode} | {row['ms_per_token']:.1f} | {format_size(int(row['disk_read_bytes_per_step']))} | "
+                     f"{row['direct']} | {row.get('cold_selection_rate', float('nan')):.3f} | "
+                     f"{row.get('cold_pages_read_per_step', float('nan')):.0f} | {row.get('ping_pong_rate', float('nan')):.3f} | "
+                     f"{breakdown} |")
+    offload = result["modes"].get("offload")
+    for mode, row in result["modes"].items():
+        if offload and mode != "offload":
+            lines.append(f"\n{mode}: {offload['ms_per_token'] / row['ms_per_token']:.2f}x faster decode than offload, "
+                         f"{row['disk_read_bytes_per_step'] / max(offload['disk_read_bytes_per_step'], 1):.1%} of its "
+                         f"disk bytes per step; scorer round trip {row['scorer_round_trip_us']:.0f} us; "
+                         f"APP predicted T_CPU {row['predicted_ms']['T_CPU']:.1f} ms / T_storage "
+                         f"{row['predicted_ms']['T_storage']:.1f} ms, measured {row['measured_ms']['T_CPU']:.1f} / "
+                         f"{row['measured_ms']['T_storage']:.1f} ms (beta {row['beta']})")
+    lines += ["", "| estimate (aggregation-precision) | recall vs exact top-k | attention-mass recall |", "|---|---|---|"]
+    lines += [f"| {name} | {row['recall']:.3f} | {row['mass_recall']:.3f} |" for name, row in result["recall"].items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,38 @@
+import numpy as np
+import pytest
+import torch
+
+from kvtier.errors import ChecksumError
+from kvtier.sparse.cold_pool import ColdPool
+from kvtier.sparse.protocol import Channel, ChannelSpec
+from kvtier.sparse.sketch import SketchFormat
+from kvtier.storage import IOEngine
+
+
+@pytest.fixture()
+def cold(tmp_path):
+    channel = Channel.create(ChannelSpec(2, 1, 2, 1, 32, 50))
+    with IOEngine(2) as io:
+        pool = ColdPool(str(tmp_path), 1, 2, 50, 2, 32, torch.float32, SketchFormat(8, 2, 32), io, channel)
+        yield pool
+        pool.close()
+    channel.close()
+
+
+def test_append_fetch_round_trip_and_empty_fetch(cold):
+    keys, values = torch.randn(2, 2, 10, 32), torch.randn(2, 2, 10, 32)
+    cold.append(0, keys, values, np.arange(10)[None, :].repeat(2, axis=0) + 5)
+    assert cold.used == [10] and cold.positions[0, 1, :3].tolist() == [5, 6, 7]
+    got_keys, got_values, pages = cold.fetch(0, 1, np.array([2, 7]))
+    torch.testing.assert_close(got_keys, keys[1][:, [2, 7]])
+    torch.testing.assert_close(got_values, values[1][:, [2, 7]])
+    assert pages == 1  # 512-byte records: slots 2 and 7 both lie in page 0
+    empty_keys, empty_values, pages = cold.fetch(0, 0, np.array([], dtype=np.int64))
+    assert empty_keys.shape == (2, 0, 32) and empty_values.shape == (2, 0, 32) and pages == 0
+
+
+def test_a_damaged_record_is_reported(cold):
+    cold.append(0, torch.randn(2, 2, 4, 32), torch.randn(2, 2, 4, 32), np.arange(4)[None, :].repeat(2, axis=0))
+    cold.kv.write_records(0, 0, [1], np.zeros((1, cold.kv.layout.record_bytes), dtype=np.uint8))
+    with pytest.raises(ChecksumError, match="slot 1"):
+        cold.fetch(0, 0, np.array([1]))

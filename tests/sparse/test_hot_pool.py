@@ -1,0 +1,40 @@
+import numpy as np
+import torch
+
+from kvtier.sparse.hot_pool import HotPool
+
+
+def _pool(tokens=10):
+    pool = HotPool(batch=2, heads=2, head_dim=4, dtype=torch.float32)
+    keys = torch.arange(2 * 2 * tokens * 4, dtype=torch.float32).reshape(2, 2, tokens, 4)
+    pool.append(keys, -keys, np.arange(tokens)[None, :].repeat(2, axis=0) + 100)
+    return pool, keys
+
+
+def test_scores_are_raw_inner_products_summed_or_maxed_over_heads():
+    pool, keys = _pool()
+    query = torch.randn(2, 2, 1, 4)
+    expected = torch.einsum("bhqd,bhtd->bt", query, keys)
+    torch.testing.assert_close(pool.score(query, "sum"), expected)
+    per_head = torch.einsum("bhqd,bhtd->bht", query, keys)
+    torch.testing.assert_close(pool.score(query, "max"), per_head.amax(dim=1))
+
+
+def test_take_removes_per_sequence_slots_and_compacts():
+    pool, keys = _pool()
+    taken_keys, taken_values, positions = pool.take(np.array([[1, 4], [0, 9]]))
+    assert positions.tolist() == [[101, 104], [100, 109]]
+    torch.testing.assert_close(taken_keys[1], keys[1][:, [0, 9]])
+    torch.testing.assert_close(taken_values[0], -keys[0][:, [1, 4]])
+    assert pool.used == 8
+    assert pool.positions[0, :8].tolist() == [100, 102, 103, 105, 106, 107, 108, 109]
+    torch.testing.assert_close(pool.keys[1, :, :8], keys[1][:, 1:9])
+
+
+def test_replace_and_growth():
+    pool, _ = _pool(3)
+    pool.append(torch.zeros(2, 2, 70, 4), torch.zeros(2, 2, 70, 4), np.full((2, 70), 7))
+    assert pool.used == 73 and pool.capacity >= 73
+    pool.replace(1, np.array([2]), torch.ones(2, 1, 4), torch.ones(2, 1, 4), np.array([555]))
+    assert pool.positions[1, 2] == 555 and pool.keys[1, :, 2].eq(1).all()
+    assert pool.positions[0, 2] == 102

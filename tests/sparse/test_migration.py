@@ -1,0 +1,63 @@
+import numpy as np
+
+from kvtier.sparse.hit_table import HitTable
+from kvtier.sparse.migration import HitPolicy, NaivePolicy, PingPongMeter, make_policy
+
+
+def _table(hits, idle):
+    table = HitTable(batch=1, capacity=len(hits))
+    table.hits[0], table.idle[0] = hits, idle
+    return table
+
+
+def test_hit_policy_promotes_repeat_hits_over_idle_victims():
+    #            positions: 0  1  2  3  4  5
+    table = _table(hits=[3, 1, 5, 0, 0, 2], idle=[0, 0, 0, 20, 30, 40])
+    cold_positions = np.array([0, 1, 2])  # selected this step
+    hot_positions = np.array([3, 4, 5])
+    swaps = HitPolicy(max_moves=8, promote_hits=2, idle_steps=16).plan(
+        table, 0, cold_positions, np.zeros(3), hot_positions, np.zeros(3))
+    # candidates: positions 2 (5 hits) then 0 (3 hits); victims: 4 (0 hits, idle 30), then 3 (0 hits, idle 20)
+    assert swaps.promote.tolist() == [2, 0] and swaps.victims.tolist() == [1, 0]
+
+
+def test_hit_policy_needs_idle_victims_and_more_hits_than_them():
+    table = _table(hits=[3, 4, 4], idle=[0, 5, 30])
+    policy = HitPolicy(max_moves=8, promote_hits=2, idle_steps=16)
+    swaps = policy.plan(table, 0, np.array([0]), np.zeros(1), np.array([1, 2]), np.zeros(2))
+    assert len(swaps) == 0  # position 1 is not idle; position 2 is idle but has more hits
+
+
+def test_moves_are_bounded():
+    table = _table(hits=[9] * 5 + [0] * 5, idle=[0] * 5 + [99] * 5)
+    swaps = HitPolicy(max_moves=2).plan(table, 0, np.arange(5), np.zeros(5), np.arange(5, 10), np.zeros(5))
+    assert len(swaps) == 2
+
+
+def test_naive_policy_follows_this_steps_scores():
+    table = _table(hits=[0] * 4, idle=[0] * 4)
+    swaps = NaivePolicy(max_moves=8).plan(table, 0, np.array([0, 1]), np.array([5.0, 1.0]), np.array([2, 3]),
+                                          np.array([0.5, 3.0]))
+    assert swaps.promote.tolist() == [0] and swaps.victims.tolist() == [0]  # 1.0 < 3.0: the second pair is not worth it
+
+
+def test_overflow_victims_are_the_coldest_per_sequence():
+    table = HitTable(batch=2, capacity=4)
+    table.hits[:] = [[2, 0, 1, 0], [0, 0, 0, 0]]
+    table.idle[:] = [[0, 5, 0, 9], [1, 7, 3, 2]]
+    victims = HitPolicy().overflow_victims(table, np.array([[0, 1, 2, 3], [0, 1, 2, 3]]), 2)
+    assert victims.tolist() == [[1, 3], [1, 2]]
+
+
+def test_ping_pong_meter_counts_reversals_within_the_window():
+    meter = PingPongMeter(window=10)
+    meter.record(1, 0, np.array([7, 8]), -1)
+    meter.record(5, 0, np.array([7]), +1)  # 7 comes back 4 steps later: ping-pong
+    meter.record(30, 0, np.array([8]), +1)  # 8 after 29 steps: a legitimate move
+    meter.record(31, 1, np.array([7]), +1)  # another sequence's token 7
+    assert (meter.moves, meter.ping_pongs) == (5, 1) and meter.rate == 0.2
+
+
+def test_make_policy():
+    assert make_policy("off", 1, 1, 1) is None
+    assert type(make_policy("naive", 1, 1, 1)) is NaivePolicy and type(make_policy("hit", 1, 1, 1)) is HitPolicy

@@ -1,0 +1,59 @@
+import json
+
+import numpy as np
+import pytest
+
+from kvtier.sparse import planner
+from kvtier.sparse.planner import Throughputs, balanced_beta, plan_split, predicted_times
+
+RATES = Throughputs(host_score=8e6, storage_score=1e6, host_fetch=4e6, storage_fetch=2e5)
+
+
+def test_beta_is_equation_4_when_both_pools_select_alpha():
+    alpha = 0.2
+    fc, fs, bc, bs = RATES.host_score, RATES.storage_score, RATES.host_fetch, RATES.storage_fetch
+    equation_4 = bc * fc * (bs + alpha * fs) / (bs * fs * (bc + alpha * fc))
+    assert balanced_beta(RATES, alpha, alpha) == pytest.approx(equation_4)
+
+
+def test_balanced_beta_equalises_the_two_paths():
+    beta = balanced_beta(RATES, 0.3, 0.05)
+    cold = 10_000
+    host, storage = predicted_times(RATES, int(beta * cold), cold, 0.3, 0.05)
+    assert host == pytest.approx(storage, rel=1e-3)
+
+
+def test_skew_correction_moves_beta_toward_a_smaller_hot_pool():
+    # Importance concentrated on few tokens: the hot pool holds most of the top-alpha set.
+    importance = np.random.default_rng(0).pareto(1.0, (2, 5000))
+    plan = plan_split(importance, 0.2, max_hot=10**9, rates=RATES, beta=None)
+    assert plan.alpha_host > 0.2 > plan.alpha_storage
+    assert plan.beta < balanced_beta(RATES, 0.2, 0.2)
+    assert plan.hot_tokens == round(plan.beta / (1 + plan.beta) * 5000)
+
+
+def test_host_budget_caps_the_hot_pool():
+    plan = plan_split(np.ones((1, 1000)), 0.2, max_hot=100, rates=None, beta=3.0)
+    assert plan.hot_tokens == 100 and plan.capped
+    assert plan_split(np.ones((1, 1000)), 0.2, max_hot=10**6, rates=None, beta=3.0).hot_tokens == 750
+
+
+def test_calibration_is_cached_per_machine_and_refreshable(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTIER_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    monkeypatch.setattr(planner, "calibrate", lambda *args: calls.append(args) or RATES)
+    first = planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum")
+    again = planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum")
+    assert first == again == RATES and len(calls) == 1
+    planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum", refresh=True)
+    assert len(calls) == 2
+    stored = json.loads((tmp_path / "cache" / "sparse-calibration.json").read_text())
+    assert list(stored.values()) == [vars(RATES)]
+
+
+def test_calibrate_measures_positive_rates_with_the_real_paths(tmp_path):
+    import torch
+
+    rates = planner.calibrate(str(tmp_path), 2, 32, torch.float32, 8, "sum", tokens=2048)
+    assert min(vars(rates).values()) > 0
+    assert list(tmp_path.iterdir()) == []
