@@ -100,28 +100,14 @@ def fake_single(make_fake) -> FakeModel:
     return make_fake("fake-single", [30_000])
 
 
-WORDS = "the a light house keeper sea ship night blue red".split()
-
-
 @pytest.fixture(scope="session")
 def tiny_hf_dir(tmp_path_factory) -> Path:
     """A 2-layer random Llama saved with save_pretrained, plus a word-level tokenizer."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    import tiny_models
 
-    path = tmp_path_factory.mktemp("tiny-hf")
-    vocab = {"<unk>": 0, "<eos>": 1, **{word: i + 2 for i, word in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>").save_pretrained(path)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, eos_token_id=1,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    words = "the a light house keeper sea ship night blue red".split()
+    return tiny_models.save_tiny_hf_dir(tmp_path_factory.mktemp("tiny-hf"), words, hidden_size=32, intermediate_size=64,
+                                        max_position_embeddings=512)
 
 
 def write_tiny_llama_gguf(path: Path, layers: int = 2, hidden: int = 16, heads: int = 2, kv_heads: int = 1) -> None:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+from transformers import Gemma3ForCausalLM, LlamaForCausalLM
+
+import tiny_models
 
 from kvtier.serve.engine import EngineConfig, LLMEngine
 from kvtier.serve.sequence import SamplingParams
@@ -21,21 +23,12 @@ BLOCK = 16  # the smallest block size the engine accepts, so short prompts span 
 
 @pytest.fixture(scope="session")
 def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-                         initializer_range=0.5, tie_word_embeddings=False)
-    return LlamaForCausalLM(config).eval()
+    return tiny_models.tiny_llama(head_dim=16, initializer_range=0.5, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_gemma3() -> Gemma3ForCausalLM:
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=1024,
-                              sliding_window=16, layer_types=["sliding_attention", "full_attention"],
-                              initializer_range=0.5)
-    return Gemma3ForCausalLM(config).eval()
+    return tiny_models.tiny_gemma3(["sliding_attention", "full_attention"], initializer_range=0.5)
 
 
 def _run_engine(model, prompts, sampling: SamplingParams, **config) -> tuple[list[list[int]], LLMEngine]:

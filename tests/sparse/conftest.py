@@ -7,7 +7,8 @@ One thread keeps these tests fast and does not change any result.
 
 import pytest
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+import tiny_models
 
 
 @pytest.fixture(autouse=True)
@@ -20,20 +21,9 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def tiny_llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-    )
-    return LlamaForCausalLM(config).eval()
+    return tiny_models.tiny_llama()
 
 
 @pytest.fixture(scope="session")
 def tiny_gemma3():
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=1024, sliding_window=16,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-    )
-    return Gemma3ForCausalLM(config).eval()
+    return tiny_models.tiny_gemma3(["sliding_attention", "full_attention", "sliding_attention"])
