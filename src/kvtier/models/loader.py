@@ -20,7 +20,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvtier.errors import ConfigError, ModelError
 from kvtier.models.install import file_sha256, model_status, pull
-from kvtier.models.paths import converted_dir
+from kvtier.models.paths import converted_dir, partial_path, remove_abandoned_partials
 from kvtier.models.registry import DEFAULT_MODEL, REGISTRY, ModelSpec, find_spec_by_sha256
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -169,8 +169,8 @@ def _converted_or_convert(gguf_path: Path, sha256: str) -> Path:
 def _convert_gguf(gguf_path: Path, hf_dir: Path) -> None:
     """Write a float32 safetensors copy of `gguf_path` (model and tokenizer) to `hf_dir`, atomically."""
     print(f"kvtier: converting {gguf_path} to safetensors in {hf_dir} (first load only)", file=sys.stderr, flush=True)
-    partial = hf_dir.with_name(f".partial-{hf_dir.name}-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
+    remove_abandoned_partials(hf_dir)
+    partial = partial_path(hf_dir)
     try:
         gguf_args = {"gguf_file": gguf_path.name}
         model = _from_pretrained(AutoModelForCausalLM, gguf_path, gguf_path.parent, dtype=torch.float32, **gguf_args)

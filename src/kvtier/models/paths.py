@@ -2,9 +2,15 @@
 
 The root is `$KVTIER_CACHE_DIR`, else `$XDG_CACHE_HOME/kvtier`, else `~/.cache/kvtier`.
 Nothing here creates directories; writers create what they need.
+
+Writers build a file or directory under a partial name and rename it into place, so a reader
+never sees half of one. The partial name carries the writer's pid: a writer that was killed
+(no `finally` runs on SIGKILL or SIGTERM) leaves hundreds of MB behind, which the next writer
+of the same thing removes once that pid is gone.
 """
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -32,3 +38,31 @@ def stamps_dir() -> Path:
 def converted_dir() -> Path:
     """Safetensors copies of GGUF models, one directory per GGUF sha256."""
     return cache_dir() / "converted"
+
+
+def partial_path(final: Path) -> Path:
+    """Where this process builds `final` before renaming it into place."""
+    return final.with_name(f".{final.name}.partial-{os.getpid()}")
+
+
+def remove_abandoned_partials(final: Path) -> None:
+    """Delete partial copies of `final` whose writer process no longer exists."""
+    if not final.parent.is_dir():
+        return
+    for partial in final.parent.glob(f".{final.name}.partial-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            if partial.is_dir():
+                shutil.rmtree(partial, ignore_errors=True)
+            else:
+                partial.unlink(missing_ok=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
