@@ -9,7 +9,7 @@ import torch
 from tqdm import tqdm
 
 from kvtier.errors import ContextTooLongError
-from kvtier.kv.factory import KVConfig, close_cache, make_cache, tier_bytes
+from kvtier.kv.factory import KVConfig, close_cache, disk_bytes, make_cache, tier_bytes
 
 
 @dataclass
@@ -70,18 +70,6 @@ def _prefill(model, input_ids: torch.Tensor, cache, chunk: int, progress: bool) 
     return logits[:, -1, :]
 
 
-def _disk_bytes(cache) -> tuple[int, int]:
-    io_stats = getattr(cache, "io_stats", None)  # sparse caches: host I/O plus the scorer's sketch reads
-    if io_stats is not None:
-        stats = io_stats()
-        return stats.bytes_read, stats.bytes_written
-    store = getattr(cache, "store", None)
-    if store is None:
-        return 0, 0
-    stats = store.file.io.stats
-    return stats.bytes_read, stats.bytes_written
-
-
 def generate(
     llm,
     prompt: str,
@@ -109,7 +97,7 @@ def generate(
             new_ids = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text)
             finished = time.perf_counter()
             kv_bytes = tier_bytes(cache, model)
-            read, written = _disk_bytes(cache)
+            read, written = disk_bytes(cache)
         finally:
             close_cache(cache)
     passes = max(len(new_ids) - 1, 1)

@@ -183,3 +183,20 @@ def test_kv_config_builds_a_sparse_cache(tiny_llama, tmp_path):
         KVConfig(kv="sparse", alpha=0).validated()
     with pytest.raises(ConfigError, match="--beta"):
         KVConfig(kv="sparse", beta="fast").validated()
+
+
+def test_watched_positions_are_sink_selected_recent_and_new_token(tiny_llama, tmp_path):
+    ids = _ids(1, 120, 2)
+    cache = _sparse(tiny_llama, tmp_path, 130, alpha=0.25)
+    seen = []
+    cache.watch_attended(lambda layer, positions: seen.append((layer, positions.copy())))
+    try:
+        _run(tiny_llama, cache, ids, 2)
+    finally:
+        close_cache(cache)
+    assert sorted({layer for layer, _ in seen}) == [0, 1]
+    layer, positions = seen[-1]
+    pooled = 122 - 4 - 16  # last step: 122 tokens, minus the sink and the recent window (which holds the new token)
+    assert positions.shape == (1, 4 + int(np.ceil(0.25 * pooled)) + 16)
+    assert list(positions[0, :4]) == [0, 1, 2, 3] and positions[0, -1] == 121
+    assert len(set(positions[0].tolist())) == positions.shape[1]

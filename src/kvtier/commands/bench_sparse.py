@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvtier.commands.kv_options import add_model_option
 from kvtier.data.corpus import load_corpus
+from kvtier.eval.decode_timing import measure_decode
 from kvtier.kv.factory import KVConfig, close_cache, default_storage_dir, full_attention_layers, make_cache
 from kvtier.models.loader import load_model
 from kvtier.sparse.cache import SparseCache, make_sparse_cache
@@ -110,26 +110,10 @@ def _kv_bytes(model, tiered: list[int], tokens: int, batch: int) -> int:
 
 
 def _measure(model, cache, ids: torch.Tensor, args: argparse.Namespace) -> dict:
-    """Prefill, then `new_tokens` timed greedy steps; what they cost."""
+    """Prefill, one untimed step (the sparse cache places its tiers), then `new_tokens` timed greedy steps."""
     try:
-        with torch.inference_mode():
-            started = time.perf_counter()
-            for start in range(0, ids.shape[1], args.prefill_chunk):
-                logits = model(input_ids=ids[:, start : start + args.prefill_chunk], cache=cache,
-                               logits_to_keep=1).logits[:, -1]
-            prefill_s = time.perf_counter() - started
-            token = logits.argmax(-1, keepdim=True)
-            logits = model(input_ids=token, cache=cache).logits[:, -1]  # first step places the tiers (sparse)
-            before = _io(cache)
-            started = time.perf_counter()
-            for _ in range(args.new_tokens):
-                token = logits.argmax(-1, keepdim=True)
-                logits = model(input_ids=token, cache=cache).logits[:, -1]
-            decode_s = time.perf_counter() - started
-            after = _io(cache)
-        measured = {"prefill_s": prefill_s, "ms_per_token": decode_s * 1000 / args.new_tokens,
-                    "disk_read_bytes_per_step": (after.bytes_read - before.bytes_read) / args.new_tokens,
-                    "disk_written_bytes_per_step": (after.bytes_written - before.bytes_written) / args.new_tokens}
+        measured = measure_decode(model, cache, ids, args.new_tokens, args.prefill_chunk)
+        measured.pop("token_ids")
         if isinstance(cache, SparseCache):
             measured |= _sparse_details(cache)
         else:
@@ -137,10 +121,6 @@ def _measure(model, cache, ids: torch.Tensor, args: argparse.Namespace) -> dict:
         return measured
     finally:
         close_cache(cache)
-
-
-def _io(cache):
-    return cache.io_stats() if isinstance(cache, SparseCache) else cache.store.file.io.stats.snapshot()
 
 
 def _sparse_details(cache: SparseCache) -> dict:

@@ -137,6 +137,15 @@ def close_cache(cache: Cache) -> None:
         close()
 
 
+def disk_bytes(cache: Cache) -> tuple[int, int]:
+    """(read, written) bytes of the cache's disk tier so far; (0, 0) for caches without one."""
+    io_stats = getattr(cache, "io_stats", None)
+    if io_stats is None:
+        return 0, 0
+    stats = io_stats()
+    return stats.bytes_read, stats.bytes_written
+
+
 def tier_bytes(cache: Cache, model) -> dict[str, int]:
     """Bytes of K+V currently held in each tier, over all layers and sequences."""
     totals = {"device": 0, "host": 0, "storage": 0}

@@ -20,7 +20,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindo
 
 from kvtier.errors import StorageError
 from kvtier.kv.budget import TierCapacity
-from kvtier.storage import K, V, KVBlockFile, aligned_buffer
+from kvtier.storage import K, V, IOStats, KVBlockFile, aligned_buffer
 
 
 class TieredStore:
@@ -200,6 +200,10 @@ class OffloadCache(Cache):
     def __init__(self, layers: list, store: TieredStore):
         super().__init__(layers=layers)
         self.store = store
+
+    def io_stats(self) -> IOStats:
+        """Bytes read from and written to the KV file so far."""
+        return self.store.file.io.stats.snapshot()
 
     def close(self) -> None:
         """Finish pending I/O and delete the KV file."""

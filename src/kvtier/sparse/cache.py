@@ -13,6 +13,8 @@ Sliding-window layers (Gemma 3) keep their bounded window on the device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
@@ -46,6 +48,7 @@ class SparseRuntime:
         self.policy = make_policy(settings.policy, settings.max_moves, settings.promote_hits, settings.idle_steps)
         self.stats = SparseStats()
         self.plan: Plan | None = None
+        self.on_attend: Callable[[int, np.ndarray], None] | None = None  # see SparseCache.watch_attended
         self.rates: Throughputs | None = None
         q_per_head = 1 if settings.aggregation == "sum" else self.group
         self.channel = Channel.create(ChannelSpec(batch, tiered, heads, q_per_head, head_dim, max_tokens))
@@ -136,6 +139,10 @@ class SparseCache(Cache):
             batch = layer.keys.shape[0]
             step.predicted_host_s += host * batch
             step.predicted_storage_s += storage * batch
+
+    def watch_attended(self, callback: Callable[[int, np.ndarray], None] | None) -> None:
+        """Call `callback(layer_idx, positions [B, n])` with the positions each decode step attends (evaluation)."""
+        self.runtime.on_attend = callback
 
     @property
     def stats(self) -> SparseStats:

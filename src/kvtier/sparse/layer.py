@@ -201,7 +201,10 @@ class SparseLayer(CacheLayerMixin):
                           self.keys[:, :, self.sink_tokens :]], dim=2)
         values = torch.cat([self.values[:, :, : self.sink_tokens], selected.values.to(self.device),
                             self.values[:, :, self.sink_tokens :]], dim=2)
-        mask = _select_columns(attention_mask, self._attended_positions(selected.positions))
+        attended_positions = self._attended_positions(selected.positions)
+        if self.runtime.on_attend is not None:
+            self.runtime.on_attend(self.layer_idx, attended_positions)
+        mask = _select_columns(attention_mask, attended_positions)
         output = inner(module, query, keys, values, mask, **kwargs)
         attended = time.perf_counter()
         self._migrate(selected, hot_scores.numpy(), cold_scores.numpy())

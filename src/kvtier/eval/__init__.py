@@ -1,0 +1,1 @@
+"""Evaluation suite (issue 4): result records shared by `kvtier bench accuracy`, `bench latency` and `bench report`."""

@@ -1,0 +1,53 @@
+"""Time one prefill and a fixed number of greedy decode steps through any KV cache.
+
+Shared by the benchmarks: every mode is measured by the same loop, so a ratio
+between two modes compares caches, not harnesses. Batch rows decode
+independently (each row takes its own argmax); no early stop at end-of-sequence,
+so every mode runs exactly `new_tokens` timed steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kvtier.kv.factory import disk_bytes
+
+
+def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chunk: int = 1024,
+                   warmup_steps: int = 1) -> dict:
+    """Prefill `ids` [B, N], run `warmup_steps` untimed steps (the sparse cache places its tiers
+    on the first), then `new_tokens` timed steps. Returns timings, disk bytes per step and the
+    generated token ids [B, warmup + new_tokens]."""
+    with torch.inference_mode():
+        started = time.perf_counter()
+        for start in range(0, ids.shape[1], prefill_chunk):
+            logits = model(input_ids=ids[:, start : start + prefill_chunk], cache=cache, logits_to_keep=1).logits[:, -1]
+        prefill_s = time.perf_counter() - started
+        tokens = []
+        for _ in range(warmup_steps):
+            logits = _step(model, cache, logits, tokens)
+        before = disk_bytes(cache)
+        step_s = []
+        for _ in range(new_tokens):
+            started = time.perf_counter()
+            logits = _step(model, cache, logits, tokens)
+            step_s.append(time.perf_counter() - started)
+        after = disk_bytes(cache)
+    decode_s = sum(step_s)
+    return {
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "ms_per_token": decode_s * 1000 / max(new_tokens, 1),
+        "step_ms": [s * 1000 for s in step_s],
+        "disk_read_bytes_per_step": (after[0] - before[0]) / max(new_tokens, 1),
+        "disk_written_bytes_per_step": (after[1] - before[1]) / max(new_tokens, 1),
+        "token_ids": torch.cat(tokens, dim=1).tolist() if tokens else [],
+    }
+
+
+def _step(model, cache, logits: torch.Tensor, tokens: list[torch.Tensor]) -> torch.Tensor:
+    token = logits.argmax(-1, keepdim=True)
+    tokens.append(token)
+    return model(input_ids=token, cache=cache).logits[:, -1]
