@@ -27,7 +27,7 @@ run: model
 	$(BIN)/kvtier demo
 
 test: model
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -12,7 +12,8 @@ from kvtier.errors import KvtierError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kvtier.commands import batch, bench_serve, bench_sparse, cost, demo, generate, models
+    from kvtier.commands import (batch, bench_accuracy, bench_latency, bench_report, bench_serve, bench_sparse, cost,
+                                 demo, generate, models)
 
     parser = argparse.ArgumentParser(prog="kvtier", description="Tiered KV-cache runtime for long-context LLM inference.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_parser(subparsers)
     bench = subparsers.add_parser("bench", help="benchmarks that write bench/results/*.json and *.md")
     bench_commands = bench.add_subparsers(dest="bench", required=True)
-    for command in (bench_sparse, bench_serve):
+    for command in (bench_sparse, bench_serve, bench_accuracy, bench_latency, bench_report):
         command.add_parser(bench_commands)
     return parser
 

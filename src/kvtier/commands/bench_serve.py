@@ -1,9 +1,10 @@
 """`kvtier bench serve`: the HiFC swap-path benchmark; writes bench/results/serve.json and serve.md.
 
-`add_parser` takes the sub-command group of `kvtier bench` (it adds `serve` to it). The
-issue's workload (32 requests of 2K-8K tokens, pool a quarter of the demand) takes hours
+The issue's workload (32 requests of 2K-8K tokens, pool a quarter of the demand) takes hours
 on two CPU cores; `--scale` shrinks prompt and output lengths by a factor and the request
 count by its square root (default 0.125: 11 requests of 256-1024 tokens, 16 new tokens each).
+
+`add_parser` takes the sub-command group of `kvtier bench` (it adds `serve` to it).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from kvtier.kv.factory import KVConfig, close_cache, default_storage_dir, full_a
 from kvtier.models.loader import load_model
 from kvtier.sparse.cache import SparseCache, make_sparse_cache
 from kvtier.sparse.planner import load_or_calibrate
-from kvtier.sparse.recall import ESTIMATES, estimate, exact_mass, recall_at
+from kvtier.sparse.recall import ESTIMATES, edge_mass, estimate, exact_mass, recall_at
 from kvtier.sparse.settings import SparseSettings
 from kvtier.units import format_size
 
@@ -171,8 +171,16 @@ def _recall(model, ids: torch.Tensor, alpha: float) -> dict:
         for aggregation, bits in ESTIMATES:
             name = f"{aggregation}-{'fp' if bits is None else f'int{bits}'}"
             table.setdefault(name, []).append(recall_at(mass, estimate(query, keys, aggregation, bits), k))
-    return {name: {"recall": float(np.mean([r for r, _ in rows])), "mass_recall": float(np.mean([m for _, m in rows]))}
-            for name, rows in table.items()}
+    recall = {name: {"recall": float(np.mean([r for r, _ in rows])), "mass_recall": float(np.mean([m for _, m in rows]))}
+              for name, rows in table.items()}
+    return recall | {"edge_mass": _edge_mass([exact_mass(q, k, s) for q, k, s in captured.values()])}
+
+
+def _edge_mass(masses: list[np.ndarray]) -> dict[str, float]:
+    """Mean share of attention mass on the first (sink) and last (recent) tokens, per window size."""
+    sizes = {"sink": (1, 4, 16, 64), "recent": (16, 64, 256, 1024)}
+    shares = {f"sink={n}": float(np.mean([edge_mass(m, n, 0) for m in masses])) for n in sizes["sink"]}
+    return shares | {f"recent={n}": float(np.mean([edge_mass(m, 0, n) for m in masses])) for n in sizes["recent"]}
 
 
 def _write(result: dict, out: Path) -> None:
@@ -209,5 +217,10 @@ def markdown(result: dict) -> str:
                          f"{row['predicted_ms']['T_storage']:.1f} ms, measured {row['measured_ms']['T_CPU']:.1f} / "
                          f"{row['measured_ms']['T_storage']:.1f} ms (beta {row['beta']})")
     lines += ["", "| estimate (aggregation-precision) | recall vs exact top-k | attention-mass recall |", "|---|---|---|"]
-    lines += [f"| {name} | {row['recall']:.3f} | {row['mass_recall']:.3f} |" for name, row in result["recall"].items()]
+    estimates = {name: row for name, row in result["recall"].items() if name != "edge_mass"}
+    lines += [f"| {name} | {row['recall']:.3f} | {row['mass_recall']:.3f} |" for name, row in estimates.items()]
+    edges = result["recall"].get("edge_mass")
+    if edges:
+        lines += ["", "attention mass on always-kept tokens (mean over layers): " +
+                  ", ".join(f"{window} {share:.1%}" for window, share in edges.items())]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,8 @@
-"""Build the transformers Cache for a KV mode: `dense` (reference), `offload` (device -> host -> disk) or `sparse` (HillInfer)."""
+"""Build the transformers Cache for a KV mode.
+
+`dense` (reference), `offload` (device -> host -> disk), `sparse` (HillInfer), and the paper's baselines
+`h2o`, `infinigen`, `leoam` (kvtier.baselines), all under the same budgets and storage layer.
+"""
 
 import os
 import uuid
@@ -8,6 +12,8 @@ from pathlib import Path
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
+from kvtier.baselines import BASELINES
+from kvtier.baselines.runtime import TierSetup
 from kvtier.errors import ConfigError, StorageError
 from kvtier.kv.budget import tier_capacity
 from kvtier.kv.offload import OffloadCache, OffloadLayer, TieredStore
@@ -17,7 +23,7 @@ from kvtier.sparse.settings import SparseSettings, parse_beta
 from kvtier.storage import IOEngine, KVBlockFile, KVGeometry
 from kvtier.units import parse_size
 
-KV_MODES = ("dense", "offload", "sparse")
+KV_MODES = ("dense", "offload", "sparse", *BASELINES)
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,7 @@ class KVConfig:
     storage_dir: str | None = None  # default: <user cache>/kv
     block_tokens: int = 64  # HiFC's best block size (hifc.txt Fig. 6); 4 KiB-aligned for every packaged model
     io_threads: int = 8
-    # sparse mode (kvtier.sparse.settings.SparseSettings documents each)
+    # sparse mode and baselines (kvtier.sparse.settings.SparseSettings documents each)
     alpha: float = 0.2
     score_bits: int = 8
     beta: str | float = "auto"
@@ -71,15 +77,28 @@ def make_cache(model, kv_config: KVConfig, max_tokens: int, batch_size: int = 1,
     """
     kv_config = kv_config.validated()
     config = model.config.get_text_config(decoder=True)
-    if kv_config.kv == "dense":
-        return DynamicCache(config=config)
-    if kv_config.kv == "sparse":
-        return make_sparse_cache(
-            model, kv_config.sparse_settings(), max_tokens, batch_size, str(_storage_directory(kv_config.storage_dir)),
-            parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget), full_attention_layers(config),
-            kv_config.block_tokens, kv_config.io_threads,
-        )
-    return _offload_cache(model, config, kv_config, max_tokens, batch_size, model_id)
+    return _BUILDERS[kv_config.kv](model, config, kv_config, max_tokens, batch_size, model_id)
+
+
+def _dense_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> Cache:
+    return DynamicCache(config=config)
+
+
+def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> Cache:
+    return make_sparse_cache(
+        model, kv_config.sparse_settings(), max_tokens, batch_size, str(_storage_directory(kv_config.storage_dir)),
+        parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget), full_attention_layers(config),
+        kv_config.block_tokens, kv_config.io_threads,
+    )
+
+
+def _baseline_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> Cache:
+    setup = TierSetup(
+        kv_config.sparse_settings(), max_tokens, batch_size, _storage_directory(kv_config.storage_dir),
+        parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget),
+        tuple(full_attention_layers(config)), kv_config.block_tokens, kv_config.io_threads, model_id,
+    )
+    return BASELINES[kv_config.kv](model, setup)
 
 
 def _offload_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> OffloadCache:
@@ -112,6 +131,10 @@ def _offload_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_si
         else:
             layers.append(DynamicSlidingWindowLayer(sliding_window=config.sliding_window))
     return OffloadCache(layers, store)
+
+
+_BUILDERS = {"dense": _dense_cache, "offload": _offload_cache, "sparse": _sparse_cache,
+             **dict.fromkeys(BASELINES, _baseline_cache)}
 
 
 def _kv_file_path(storage_dir: str | None) -> Path:

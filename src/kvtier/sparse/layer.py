@@ -32,6 +32,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from kvtier.errors import ConfigError
+from kvtier.kv.gather import select_columns, take_tokens
 from kvtier.sparse.hit_table import HitTable
 from kvtier.sparse.hot_pool import HotPool
 from kvtier.sparse.migration import HitPolicy, PingPongMeter
@@ -126,10 +127,10 @@ class SparseLayer(CacheLayerMixin):
             importance = self._importance()[:, pool].numpy()
             hot_index, cold_index = split_hot_cold(importance, self.runtime.hot_tokens_for(importance))
             pool_keys, pool_values = self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu()
-            self.hot.append(_take(pool_keys, hot_index), _take(pool_values, hot_index), hot_index + sink)
+            self.hot.append(take_tokens(pool_keys, hot_index), take_tokens(pool_values, hot_index), hot_index + sink)
             if cold_index.shape[1]:
-                self.runtime.cold.append(self.tier, _take(pool_keys, cold_index), _take(pool_values, cold_index),
-                                         cold_index + sink)
+                self.runtime.cold.append(self.tier, take_tokens(pool_keys, cold_index),
+                                         take_tokens(pool_values, cold_index), cold_index + sink)
             positions = np.arange(sink, recent_start)[None, :].repeat(len(importance), axis=0)
             self.table.seed(positions, seed_hits(importance, settings.alpha))
         keep = torch.cat([torch.arange(sink), torch.arange(recent_start, tokens)])
@@ -204,7 +205,7 @@ class SparseLayer(CacheLayerMixin):
         attended_positions = self._attended_positions(selected.positions)
         if self.runtime.on_attend is not None:
             self.runtime.on_attend(self.layer_idx, attended_positions)
-        mask = _select_columns(attention_mask, attended_positions)
+        mask = select_columns(attention_mask, attended_positions)
         output = inner(module, query, keys, values, mask, **kwargs)
         attended = time.perf_counter()
         self._migrate(selected, hot_scores.numpy(), cold_scores.numpy())
@@ -299,19 +300,3 @@ class Selection:
         self.cold_values: list[torch.Tensor] = []
         self.hot_count = self.cold_count = self.pages = 0
         self.hot_fetch_s = self.cold_fetch_s = 0.0
-
-
-def _take(tensor: torch.Tensor, index: np.ndarray) -> torch.Tensor:
-    """tensor [B, H, N, D] gathered along N by index [B, n] (per sequence)."""
-    index = torch.from_numpy(np.ascontiguousarray(index, dtype=np.int64))
-    expanded = index[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
-    return tensor.gather(2, expanded.to(tensor.device))
-
-
-def _select_columns(mask: torch.Tensor | None, positions: np.ndarray) -> torch.Tensor | None:
-    """The mask's key columns at `positions` [B, n] (None stays None)."""
-    if mask is None:
-        return None
-    mask = mask.expand(len(positions), *mask.shape[1:])
-    index = torch.from_numpy(positions).to(mask.device)
-    return mask.gather(3, index[:, None, None, :].expand(-1, mask.shape[1], mask.shape[2], -1))

@@ -9,7 +9,9 @@ aggregation x sketch precision) selects its own top-k; we report
     mass_recall  attention mass on the selected tokens / mass on the exact top-k
 
 Used by `kvtier bench sparse` to choose the head aggregation (DESIGN.md:
-summed group queries vs max over heads) and to compare INT8 with INT4.
+summed group queries vs max over heads) and to compare INT8 with INT4, and
+(`edge_mass`) to size the always-kept sink and recent windows: the share of
+attention mass that lands on the first and on the last tokens.
 """
 
 from __future__ import annotations
@@ -48,3 +50,11 @@ def recall_at(mass: np.ndarray, importance: np.ndarray, k: int) -> tuple[float, 
     exact = np.argsort(-mass, kind="stable")[:k]
     chosen = np.argsort(-importance, kind="stable")[:k]
     return len(np.intersect1d(exact, chosen)) / k, float(mass[chosen].sum() / mass[exact].sum())
+
+
+def edge_mass(mass: np.ndarray, first: int, last: int) -> float:
+    """Share of the total attention mass on the first `first` and the last `last` tokens (disjoint)."""
+    tokens = len(mass)
+    first = min(first, tokens)
+    last = min(last, tokens - first)
+    return float((mass[:first].sum() + mass[tokens - last :].sum()) / mass.sum()) if last else float(mass[:first].sum() / mass.sum())

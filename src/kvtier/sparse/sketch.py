@@ -71,7 +71,8 @@ class SketchFormat:
 def quantize(keys: np.ndarray, fmt: SketchFormat) -> np.ndarray:
     """Sketch records (uint8 [tokens, record_bytes]) of float keys shaped [tokens, heads, head_dim]."""
     tokens = keys.shape[0]
-    grouped = keys.astype(np.float32, copy=False).reshape(tokens, fmt.groups, fmt.group)
+    # C order matters: numpy keeps a strided input's layout in the scales, which then cannot be viewed as bytes.
+    grouped = np.ascontiguousarray(keys, dtype=np.float32).reshape(tokens, fmt.groups, fmt.group)
     qmax = _QMAX[fmt.bits]
     scales = (np.abs(grouped).max(axis=2) / qmax).astype(np.float16)
     # Divide by the *stored* (fp16-rounded) scale so that decoding with it is consistent.

@@ -1,0 +1,47 @@
+"""Options and checks shared by the evaluation benchmarks (`kvtier bench accuracy`, `bench latency`).
+
+Budgets as shares of the prompt's KV, the corpus, where KV files and results go, and
+`--force`; results directories are checked before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from kvtier.data.corpus import CORPUS_NAMES
+from kvtier.errors import StorageError
+from kvtier.eval.budgets import BudgetShares
+from kvtier.kv.factory import default_storage_dir
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host-share", type=float, default=BudgetShares.host, help="host KV budget / prompt KV")
+    parser.add_argument("--device-share", type=float, default=BudgetShares.device, help="device KV budget / prompt KV")
+    parser.add_argument("--corpus", choices=("auto", *CORPUS_NAMES), default="auto", help="text for prompts")
+    parser.add_argument("--storage-dir", default=None, help="directory for KV files (default: <user cache>/kvtier/kv)")
+    parser.add_argument("--force", action="store_true", help="rerun finished cells")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
+
+
+def check_writable(out: Path) -> None:
+    """Fail before any model load when no results can be written to `out`."""
+    probe = out / f".kvtier-write-probe-{os.getpid()}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise StorageError(f"results directory {out} is not writable ({error.strerror}); pass another --out") from None
+
+
+def storage_directory(option: str | None) -> Path:
+    """`--storage-dir`, or the default KV directory, created."""
+    directory = Path(option) if option else default_storage_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StorageError(f"cannot create KV directory {directory} ({error.strerror}); "
+                           "pass another --storage-dir") from None
+    return directory

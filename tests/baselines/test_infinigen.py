@@ -1,0 +1,66 @@
+"""InfiniGen-like: partial channels rank the important token, speculation from the previous layer, reads of the chosen."""
+
+import pytest
+import torch
+
+from baseline_runs import BLOCK_BYTES, config, greedy, ids, run_watched
+from kvtier.baselines.infinigen import approximate_scores, choose_channels, speculative_query, take_channels
+from kvtier.kv.factory import close_cache, make_cache
+
+
+def test_partial_channels_rank_the_planted_token_first():
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 1, 1, 8, generator=generator) * 0.01
+    query[..., 2], query[..., 5] = 2.0, -3.0
+    keys = torch.randn(1, 1, 10, 8, generator=generator) * 0.1
+    keys[0, 0, 7, 2], keys[0, 0, 7, 5] = 1.0, -1.0  # planted: aligned with the query where it is large
+    keys[0, 0, 3, 0] = 10.0  # a decoy: large where the query is ~0
+    key_magnitude = keys[0].abs().sum(dim=1)
+    assert choose_channels(torch.ones_like(key_magnitude), key_magnitude, count=2).tolist() == [[0, 5]]
+    channels = choose_channels(query[0, :, 0].abs(), key_magnitude, count=2)
+    assert channels.tolist() == [[2, 5]]
+    scores = approximate_scores(take_channels(query, channels), take_channels(keys, channels), scaling=1.0)
+    assert scores.argmax().item() == 7
+
+
+@pytest.mark.parametrize("model_name, layer", [("tiny_llama", 1), ("tiny_gemma3", 1)])
+def test_the_speculative_query_from_a_layers_own_input_is_its_query(request, tmp_path, model_name, layer):
+    model = request.getfixturevalue(model_name)
+    cache = make_cache(model, config("infinigen", tmp_path, model, 60, 1.0), 60)
+    inputs, queries = [], []
+    tiered = cache.layers[layer]
+    select = tiered.select
+    tiered.select = lambda query, scaling: queries.append(query) or select(query, scaling)
+    hook = model.model.layers[layer].register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+    try:
+        greedy(model, cache, ids(1, 50, 1), steps=3)
+    finally:
+        hook.remove()
+        close_cache(cache)
+    for step, query in enumerate(queries):  # one prefill pass, then the 3 decode passes
+        speculated = speculative_query(model, layer, inputs[-3 + step], 50 + step)
+        torch.testing.assert_close(speculated, query, rtol=1e-5, atol=1e-5)
+
+
+def test_speculation_runs_before_the_previous_layer_and_hooks_go_with_the_cache(tiny_llama, tmp_path):
+    cache = make_cache(tiny_llama, config("infinigen", tmp_path, tiny_llama, 110, 0.25), 110)
+    ahead = []
+    cache.watch_attended(lambda layer, positions: ahead.append(layer == 0 and cache.layers[1].speculated is not None))
+    decoder = tiny_llama.model.layers
+    try:
+        assert len(decoder[0]._forward_pre_hooks) == 1 and not decoder[1]._forward_pre_hooks  # layer 0 has no previous
+        greedy(tiny_llama, cache, ids(1, 100, 2), steps=4)
+    finally:
+        close_cache(cache)
+    assert ahead[::2] == [True] * 4  # layer 1's selection was submitted when layer 0 attended
+    assert not decoder[0]._forward_pre_hooks
+
+
+def test_only_the_chosen_tokens_blocks_are_read(tiny_llama, tmp_path):
+    prompt = ids(2, 300, 3)
+    kv_config = config("infinigen", tmp_path, tiny_llama, 306, alpha=0.02, batch=2)  # few tokens: few blocks
+    _, seen, read, _ = run_watched(tiny_llama, kv_config, prompt, 6)
+    chosen_blocks = sum(step.disk_blocks for step in seen)
+    all_blocks = sum(2 * step.stored_tokens // 32 for step in seen)
+    assert read == 2 * chosen_blocks * BLOCK_BYTES  # K and V of each block holding a chosen token, nothing else
+    assert 0 < chosen_blocks < all_blocks
