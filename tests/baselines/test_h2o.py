@@ -1,7 +1,6 @@
 """H2O-like: accumulated attention picks the heavy hitters; every step reads all K blocks and the chosen V blocks."""
 
 import numpy as np
-import pytest
 
 from baseline_runs import BLOCK_BYTES, config, greedy, ids, run_watched
 from kvtier.baselines import h2o
@@ -40,10 +39,9 @@ def test_the_prompt_mass_is_every_prompt_querys_attention(tiny_llama, tmp_path, 
         assert (mass[:, 120:] == 0).all()
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_every_step_reads_all_key_blocks_and_only_the_chosen_value_blocks(tiny_llama, tmp_path, batch):
-    prompt = ids(batch, 300, 9)
-    _, seen, read, cache = run_watched(tiny_llama, config("h2o", tmp_path, tiny_llama, 306, batch=batch), prompt, 6)
+def test_every_step_reads_all_key_blocks_and_only_the_chosen_value_blocks(tiny_llama, tmp_path):
+    prompt, batch = ids(2, 250, 9), 2
+    _, seen, read, cache = run_watched(tiny_llama, config("h2o", tmp_path, tiny_llama, 254, batch=batch), prompt, 4)
     key_blocks = sum(batch * step.stored_tokens // 32 for step in seen)
     value_blocks = sum(step.disk_blocks for step in seen)
     next_step_prefetch = batch * cache.layers[0].stored_tokens // 32  # the last step prefetched layer 0's keys

@@ -57,9 +57,9 @@ def test_speculation_runs_before_the_previous_layer_and_hooks_go_with_the_cache(
 
 
 def test_only_the_chosen_tokens_blocks_are_read(tiny_llama, tmp_path):
-    prompt = ids(2, 300, 3)
-    kv_config = config("infinigen", tmp_path, tiny_llama, 306, alpha=0.02, batch=2)  # few tokens: few blocks
-    _, seen, read, _ = run_watched(tiny_llama, kv_config, prompt, 6)
+    prompt = ids(2, 250, 3)
+    kv_config = config("infinigen", tmp_path, tiny_llama, 254, alpha=0.02, batch=2)  # few tokens: few blocks
+    _, seen, read, _ = run_watched(tiny_llama, kv_config, prompt, 4)
     chosen_blocks = sum(step.disk_blocks for step in seen)
     all_blocks = sum(2 * step.stored_tokens // 32 for step in seen)
     assert read == 2 * chosen_blocks * BLOCK_BYTES  # K and V of each block holding a chosen token, nothing else

@@ -57,13 +57,13 @@ def test_chunks_are_taken_best_first_until_they_hold_enough_tokens():
 
 def test_each_step_reads_the_abstracts_and_the_chosen_chunks_only(tiny_llama, tmp_path):
     prompt, block = ids(2, 300, 4), 16  # 2 KiB blocks in 4 KiB strides; a block of abstracts holds 16 chunks
-    kv_config = config("leoam", tmp_path, tiny_llama, 306, batch=2)
-    setup = TierSetup(kv_config.sparse_settings(), 306, 2, tmp_path, kv_config.device_kv_budget,
+    kv_config = config("leoam", tmp_path, tiny_llama, 304, batch=2)
+    setup = TierSetup(kv_config.sparse_settings(), 304, 2, tmp_path, kv_config.device_kv_budget,
                       kv_config.host_kv_budget, (0, 1), block, 2)
     cache = make_leoam_cache(tiny_llama, setup, min_chunk=2)
     seen = watch(cache, also=lambda layer: layer.abstracts.stored_blocks[layer.layer_idx])
     try:
-        greedy(tiny_llama, cache, prompt, 6)
+        greedy(tiny_llama, cache, prompt, 4)
     finally:
         close_cache(cache)
     abstract_blocks = [step.extra for step in seen]  # per sequence; K region (mins) and V region (maxs)

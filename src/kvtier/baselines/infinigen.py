@@ -54,7 +54,7 @@ def choose_channels(query_magnitude: torch.Tensor, key_magnitude: torch.Tensor, 
 
 
 def take_channels(tensor: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
-    """tensor [B, H, N, D] restricted to each head's channels [H, c]: [B, H, N, c]."""
+    """tensor [B, H, N, D] (keys, or a grouped query) restricted to each head's channels [H, c]: [B, H, N, c]."""
     batch, heads, tokens, _ = tensor.shape
     return tensor.gather(3, channels[None, :, None, :].expand(batch, heads, tokens, -1).to(tensor.device))
 
@@ -115,8 +115,7 @@ class InfiniGenLayer(SelectiveLayer):
     def speculate(self, query: torch.Tensor, scaling: float) -> None:
         """Choose this step's tokens from the (speculative) query [B, Hq, 1, D] and submit their disk reads."""
         self.distribute()
-        grouped = grouped_query(query, self.channel_index.shape[0])
-        partial_query = grouped.gather(3, self.channel_index[None, :, None, :].expand(*grouped.shape[:3], -1))
+        partial_query = take_channels(grouped_query(query, self.channel_index.shape[0]), self.channel_index)
         scores = approximate_scores(partial_query, self.partial_keys[:, :, : self.pooled_tokens], scaling)
         index = scores.topk(self.selection_size(), dim=1).indices.sort(dim=1).values.numpy()
         future = self.runtime.kv.submit(self.layer_idx, self.disk_blocks(index, (K, V)), self.buffer)

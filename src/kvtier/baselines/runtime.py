@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from kvtier.baselines.store import SelectiveStore
 from kvtier.errors import ConfigError
@@ -92,10 +91,6 @@ class SelectiveRuntime:
         except BaseException:
             self.close()
             raise
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.geometry.dtype)
 
     def open_store(self, name: str, tokens_per_seq: int, buffers: int = 1) -> SelectiveStore:
         """A new block file in the storage dir: `tokens_per_seq` rows (tokens, abstracts) per layer and sequence."""

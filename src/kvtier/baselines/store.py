@@ -34,10 +34,6 @@ class SelectiveStore(TieredStore):
         self._buffers = [self._staging] + [aligned_buffer(self._staging.nbytes) for _ in range(buffers - 1)]
         self._in_flight: list[Future] = []
 
-    @property
-    def block_tokens(self) -> int:
-        return self.layout.block_tokens
-
     def stored_tokens(self, layer: int) -> int:
         """Tokens per sequence of `layer` on disk (whole blocks)."""
         return self.stored_blocks[layer] * self.layout.block_tokens

@@ -129,7 +129,7 @@ def settings_text(settings: dict, cells: list[dict]) -> str:
     budgets, params = first["budgets"], first["params"]
     bypass = sorted({cell["cache_bypass"] for cell in cells if cell.get("cache_bypass")}) or ["no disk tier"]
     return (f"{settings['new_tokens']} timed decode steps after {settings['warmup_steps']} untimed, "
-            f"{settings['repeats']} repeats; budgets per sequence: host {params['host_share']:.0%} of the prompt's KV, "
+            f"repeats {settings['repeats']}; budgets per sequence: host {params['host_share']:.0%} of the prompt's KV, "
             f"device {settings['device_share']:.0%} (at least {MIN_DEVICE_TOKENS} tokens), e.g. "
             f"{format_size(budgets['host_kv_budget'])} host and {format_size(budgets['device_kv_budget'])} device for "
             f"{params['batch']} x {params['context']} "

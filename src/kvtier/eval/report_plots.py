@@ -62,6 +62,9 @@ def line_plot(path: Path, title: str, xlabel: str, ylabel: str, series: list[Ser
         axes.plot([x], [y], marker="*", markersize=14, color="black", linestyle="none", label=label)
     if log_x:
         axes.set_xscale("log", base=2)
+        ticks = sorted({x for line in series for x in line.x})
+        axes.set_xticks(ticks, [f"{tick:g}" for tick in ticks])
+        axes.minorticks_off()
     _finish(plt, figure, axes, path, title, xlabel, ylabel)
 
 
