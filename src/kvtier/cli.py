@@ -1,4 +1,4 @@
-"""`kvtier` command line: generate | demo | batch | bench {sparse,serve} | models | cost.
+"""`kvtier` command line: generate | demo | batch | bench {sparse,serve,accuracy,latency,report} | models | cost.
 
 Every user-caused error (KvtierError) is printed as one line on stderr with a
 non-zero exit code and no traceback.
