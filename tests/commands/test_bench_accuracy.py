@@ -34,6 +34,7 @@ def test_writes_json_and_markdown_then_skips_finished_cells(tiny_model_dir, tmp_
     assert {cell["mode"] for cell in cells} == set(MODES.split(","))
     assert data["settings"]["cache_bypass"] and data["settings"]["host_share"] == 0.4
     assert data["machine"]["cpu_cores"] >= 1 and data["machine"]["versions"]["torch"]
+    assert data["grid"]["seeds"] == 1 and data["grid"]["modes"] == MODES.split(",") and data["grid"]["contexts"] == [256]
     ppl = {cell["mode"]: cell for cell in cells if cell["kind"] == "ppl"}
     assert ppl["offload"]["ppl"] == ppl["dense"]["ppl"] and ppl["offload"]["attention_mass_recall"] == 1.0
     assert 0.0 < ppl["sparse"]["attention_mass_recall"] <= 1.0 and ppl["sparse"]["recall_by_layer"]

@@ -1,10 +1,12 @@
 """Attention-mass recall: the formula on hand-made tensors, and the dense lockstep on a tiny model."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
+import tiny_models
 from kvtier.eval.attention_mass import AttendedPositions, DenseAttentionProbe, mass_recall, reports_attended
 from kvtier.eval.budgets import BudgetShares, cell_kv_config
 from kvtier.eval.perplexity import perplexity_cell
@@ -72,6 +74,17 @@ def test_sparse_at_small_alpha_loses_attention_mass(tiny_llm, corpus_text, tmp_p
     # The sink and recent window (4 + 16 of 300 tokens) and 5% of the rest cannot hold all of it.
     assert 0.0 < result["attention_mass_recall"] < 0.9
     assert math.isfinite(result["ppl"])
+
+
+def test_sliding_window_layers_are_not_reported_and_global_layers_keep_all_mass_at_alpha_one(tiny_llm, corpus_text,
+                                                                                           tmp_path):
+    # Gemma 3 layout: only the full-attention layer is tiered (and selective); sliding layers stay dense.
+    model = tiny_models.tiny_gemma3(["sliding_attention", "full_attention", "sliding_attention"],
+                                    vocab_size=tiny_llm.model.config.vocab_size, max_position_embeddings=8192)
+    gemma = dataclasses.replace(tiny_llm, model=model, config=model.config, name="tiny-gemma3", model_id="tiny-gemma3")
+    result = perplexity_cell(gemma, _sparse_config(gemma, tmp_path, alpha=1.0), 300, 3, 0, corpus_text)
+    assert set(result["recall_by_layer"]) == {1}
+    assert result["attention_mass_recall"] == pytest.approx(1.0, abs=1e-5)
 
 
 def _sparse_config(llm, storage_dir, alpha: float) -> KVConfig:

@@ -16,14 +16,17 @@ KV lives in the storage tier. Results: `<out>/accuracy-<model>.json` (machine, v
 settings, one entry per cell; finished cells are skipped on a re-run, `--force` reruns)
 and `accuracy-<model>.md`.
 
-Grids (torch on one thread; measured on 2 shared cores, smollm2-135m):
-  small (default): contexts 1024,2048; depths 0.1,0.5,0.9; all variants; 1 seed;
-      64 perplexity tokens: 54 needle + 6 perplexity cells for three modes, about 25 minutes.
-  full: contexts 1024, 2048, 4096, ... up to the model's context (less room for the
-      question and answer); depths 0,0.25,0.5,0.75,1; all variants; 3 seeds; 256 perplexity
-      tokens. About 14 hours for smollm2-135m with three modes; qwen2.5-0.5b and
-      gemma3-270m (32K context, 32K-token prefills) take days on two cores: run them
-      context by context (`--contexts`), finished cells are kept.
+Grids (torch on one thread; times for smollm2-135m and the modes dense, offload, sparse):
+  small (default): context 1024; depths 0.1,0.5,0.9; all variants; 1 seed; 64
+      perplexity tokens: 27 needle + 3 perplexity cells. Measured on a 2-core VM where one
+      1024-token prefill takes ~30 s: 45 CPU-minutes, 101 minutes wall with the cores
+      shared by other jobs. Every further KV mode adds a third.
+  full: contexts 1024, 2048, 4096, ... up to the model's context (less 256 tokens for the
+      question and answer or the perplexity tokens); depths 0,0.25,0.5,0.75,1; all variants;
+      3 seeds; 256 perplexity tokens: 576 cells for smollm2-135m (contexts up to 7936),
+      estimated ~30 hours on that VM (2.2 M prefill tokens at ~25 tokens/s, ~15K decode
+      steps at ~2 s). qwen2.5-0.5b and gemma3-270m (32K contexts, 4x / 2x the parameters)
+      take weeks there: run them a context at a time (`--contexts`); finished cells are kept.
 Options given explicitly (`--contexts`, `--depths`, ...) override the grid's values.
 """
 
@@ -67,7 +70,7 @@ class Grid:
 
 
 GRIDS = {
-    "small": Grid((1024, 2048), (0.1, 0.5, 0.9), VARIANTS, seeds=1, ppl_tokens=64),
+    "small": Grid((1024,), (0.1, 0.5, 0.9), VARIANTS, seeds=1, ppl_tokens=64),
     "full": Grid(None, (0.0, 0.25, 0.5, 0.75, 1.0), VARIANTS, seeds=3, ppl_tokens=256),
 }
 
@@ -125,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 "alpha": args.alpha, "beta": args.beta, **shares.as_dict(), "multi_needles": MULTI_NEEDLES,
                 "answer_tokens": ANSWER_TOKENS, "torch_threads": 1, "cache_bypass": cache_bypass(storage_dir)}
     store = ResultStore(args.out / f"accuracy-{llm.name}.json", settings, storage_dir, force=args.force)
+    store.data["grid"] = asdict(grid) | {"contexts": contexts, "modes": modes}  # this run's; seeds are the repeats
     cells = grid_cells(modes, contexts, grid)
     pending = [cell for cell in cells if not store.done(cell.key)]
     print(f"[bench accuracy] {llm.name}: {len(cells)} cells, {len(cells) - len(pending)} already finished",
@@ -285,7 +289,7 @@ def markdown(data: dict, results: list[dict]) -> str:
         f"Corpus {settings['corpus']['name']} ({settings['corpus']['license']}, {settings['corpus']['source']}). "
         f"Budgets per cell: host {settings['host_share']:.0%} of the context's KV, device "
         f"{settings['device_share']:.0%} (at least {settings['min_device_tokens']} tokens); alpha {settings['alpha']}, "
-        f"beta {settings['beta']}. "
+        f"beta {settings['beta']}; seeds (repeats) {data['grid']['seeds']}. "
         f"KV file cache bypass: {settings['cache_bypass']}. Machine: {machine['cpu_cores']} cores "
         f"({machine['cpu_model']}), {format_size(machine['memory_bytes'] or 0)} memory, torch threads "
         f"{settings['torch_threads']}; {versions}.", "",
