@@ -27,10 +27,10 @@ def generate(llm, **config):
 
 
 def test_flash_dram_and_no_pressure_agree(llm, tmp_path):
-    # Each sequence grows to 2 blocks of 16 tokens; 5 device blocks cannot hold all of them,
-    # so running sequences are preempted, swapped out and later swapped back in.
+    # Chat-templated prompts take 3 blocks of 16 tokens and grow into a 4th: 7 device blocks hold two
+    # prompts but not their growth, so running sequences are preempted, swapped out and back in.
     reference, calm = generate(llm, device_blocks=64, swap="recompute")
-    pressure = {"device_blocks": 5, "swap_space": "64MiB"}
+    pressure = {"device_blocks": 7, "swap_space": "64MiB"}
     flash, flash_stats = generate(llm, swap="flash", flash_path=str(tmp_path / "f.kvc"), **pressure)
     dram, dram_stats = generate(llm, swap="dram", **pressure)
     assert calm["preemptions"] == 0

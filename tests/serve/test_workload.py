@@ -22,9 +22,10 @@ def test_pool_is_a_fraction_of_demand_but_holds_the_largest_request():
     assert Workload(pool_fraction=0.5, new_tokens=64).device_blocks(prompts, 64) == 8
 
 
-def test_scaling_shrinks_every_dimension():
-    scaled = Workload().scaled(0.125)
+def test_scaling_shrinks_prompts_but_keeps_requests_and_growth():
+    scaled = Workload().scaled(1 / 32)
     dimensions = (scaled.requests, scaled.min_prompt_tokens, scaled.max_prompt_tokens, scaled.new_tokens)
-    assert dimensions == (11, 256, 1024, 16)  # requests shrink by sqrt(scale)
+    assert dimensions == (32, 64, 256, 32)
+    assert Workload().scaled(0.5).new_tokens == 64
     with pytest.raises(ConfigError):
         Workload().scaled(0)

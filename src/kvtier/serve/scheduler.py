@@ -7,11 +7,18 @@ produce the same schedule, the same swaps and therefore the same outputs):
 1. Finish last step's swap-outs: wait for each write (normally long done, as it
    overlapped the previous forward) and only then free its device blocks.
 2. Swap in swapped sequences, oldest first, while the pool has room for them
-   plus a reserve of one block per running sequence. Synchronous: the KV is
-   back before the sequence's next step. A failed or corrupted read
-   (ChecksumError) turns into a recompute, recorded in the sequence's warnings.
-3. Admit waiting sequences (new or to recompute) the same way, but only when no
-   swapped sequence is waiting (swapped ones go first, as in vLLM).
+   plus one block per running sequence, so a sequence brought back never takes
+   the blocks a stalled sequence preempted someone to get (that ping-pong,
+   swapping the same victims out and in every step, is what a smaller margin
+   produced). Synchronous: the KV is back before the sequence's next step. A
+   failed or corrupted read (ChecksumError) turns into a recompute, recorded in
+   the sequence's warnings.
+3. Admit waiting sequences (new or to recompute) when the pool holds their
+   prompt plus vLLM's watermark (1% of the pool), and only when no swapped
+   sequence is waiting (swapped ones go first, as in vLLM). Running sequences
+   then grow into the rest and preemption handles it when they outgrow it; the
+   earlier rule (one spare block per running sequence) admitted so cautiously
+   that the benchmark workloads ran almost one at a time and never swapped.
 4. Plan the forward: running sequences by priority then arrival get their next
    tokens (one for a decode, a chunk for a prefill, within a token budget) if
    their blocks can grow. When the pool is out, a victim is preempted: lowest
@@ -123,7 +130,7 @@ class Scheduler:
     def _swap_in(self) -> None:
         while self.swapped and len(self.running) < self.max_num_seqs:
             seq = self.swapped[0]
-            if self.blocks.num_free < len(seq.swap_slots) + self._reserve():
+            if self.blocks.num_free < len(seq.swap_slots) + len(self.running):
                 return
             self.swapped.popleft()
             device_blocks = self.blocks.allocate(len(seq.swap_slots))
@@ -145,7 +152,7 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if self.blocks.num_free < blocks_for(seq.num_tokens, self.blocks.block_tokens) + self._reserve():
+            if self.blocks.num_free < blocks_for(seq.num_tokens, self.blocks.block_tokens) + self._watermark():
                 return
             self.waiting.popleft()
             self.blocks.grow(seq, seq.num_tokens)
@@ -223,6 +230,6 @@ class Scheduler:
         self._last_run[seq.request_id] = self.stats.steps
         self.running.append(seq)
 
-    def _reserve(self) -> int:
-        """Blocks kept free when bringing a sequence in: one per running sequence, so they can all grow."""
-        return len(self.running)
+    def _watermark(self) -> int:
+        """Blocks kept free when admitting a sequence: vLLM's watermark, 1% of the pool rounded down."""
+        return self.blocks.num_blocks // 100

@@ -7,7 +7,6 @@ length (`ignore_eos`), so flash, DRAM and recompute runs do exactly the same wor
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -22,9 +21,11 @@ from kvtier.serve.sequence import SamplingParams
 class Workload:
     """`requests` prompts of min..max tokens, each generating `new_tokens`; pool = `pool_fraction` of demand.
 
-    The issue's workload is 32-64 requests of 2K-8K tokens; `scaled(s)` shrinks prompt and
-    output lengths by s and the request count by sqrt(s), so a CPU finishes it in minutes while
-    enough sequences still compete for the pool to force swapping.
+    The issue's workload is 32-64 requests of 2K-8K tokens; `scaled(s)` shrinks prompt lengths
+    by s but keeps the 32 requests, so as many sequences share the pool as at full size, and
+    keeps at least 32 new tokens, so each sequence still grows by whole blocks after admission:
+    growth past the pool is what forces swapping (with 16 new tokens and 64-token blocks most
+    sequences never needed a new block, and a bench run swapped nothing).
     """
 
     requests: int = 32
@@ -37,8 +38,8 @@ class Workload:
     def scaled(self, scale: float) -> Workload:
         if not 0 < scale <= 1:
             raise ConfigError(f"--scale must be in (0, 1], got {scale}")
-        return Workload(max(4, round(self.requests * math.sqrt(scale))), max(32, round(self.min_prompt_tokens * scale)),
-                        max(64, round(self.max_prompt_tokens * scale)), max(16, round(self.new_tokens * scale)),
+        return Workload(self.requests, max(32, round(self.min_prompt_tokens * scale)),
+                        max(64, round(self.max_prompt_tokens * scale)), max(32, round(self.new_tokens * scale)),
                         self.pool_fraction, self.seed)
 
     @property
