@@ -1,29 +1,3 @@
-"""Fixtures for the sparse path: tiny random models (mechanics) and single-threaded torch.
+"""Fixtures for the sparse path: tiny random models and single-threaded torch (see selective_fixtures.py)."""
 
-torch's intra-op thread pool spin-waits; on the 2 shared cores of CI, next to
-the scorer process, two torch threads make each small op cost milliseconds.
-One thread keeps these tests fast and does not change any result.
-"""
-
-import pytest
-import torch
-
-import tiny_models
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def tiny_llama():
-    return tiny_models.tiny_llama()
-
-
-@pytest.fixture(scope="session")
-def tiny_gemma3():
-    return tiny_models.tiny_gemma3(["sliding_attention", "full_attention", "sliding_attention"])
+from selective_fixtures import one_torch_thread, tiny_gemma3, tiny_llama  # noqa: F401  (pytest fixtures)
