@@ -21,6 +21,7 @@ from kvtier.models.paths import cache_dir
 from kvtier.sparse.cache import make_sparse_cache
 from kvtier.sparse.settings import SparseSettings, parse_beta
 from kvtier.storage import IOEngine, KVBlockFile, KVGeometry
+from kvtier.storage.stale_files import remove_abandoned_kv_files
 from kvtier.units import parse_size
 
 KV_MODES = ("dense", "offload", "sparse", *BASELINES)
@@ -150,6 +151,7 @@ def _storage_directory(storage_dir: str | None) -> Path:
         raise StorageError(f"storage dir {directory} does not exist or is not a directory")
     if not os.access(directory, os.W_OK):
         raise StorageError(f"storage dir {directory} is not writable")
+    remove_abandoned_kv_files(directory)
     return directory
 
 

@@ -13,6 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from kvtier.processes import process_exists
+
 
 def cache_dir() -> Path:
     """Root of kvtier's per-user cache."""
@@ -51,18 +53,9 @@ def remove_abandoned_partials(final: Path) -> None:
         return
     for partial in final.parent.glob(f".{final.name}.partial-*"):
         pid = partial.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _process_exists(int(pid)):
+        if pid.isdigit() and not process_exists(int(pid)):
             if partial.is_dir():
                 shutil.rmtree(partial, ignore_errors=True)
             else:
                 partial.unlink(missing_ok=True)
 
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
