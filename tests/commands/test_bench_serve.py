@@ -21,3 +21,14 @@ def test_default_scale_forces_swapping_and_writes_json_and_markdown(tiny_model_d
     assert result["flash_vs_dram"] > 0 and result["allocation"]["engine_log"]["sequential_share"] == 1.0
     assert result["block_size_sweep"][0]["block_tokens"] == 16
     assert "flash/DRAM" in (out / "serve.md").read_text()
+
+
+def test_without_extra_runs_only_flash_and_dram_run(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    rc = main(["bench", "serve", "--model", str(tiny_model_dir), "--scale", "0.01", "--repeats", "1", "--sweep", "",
+               "--no-extra-runs", "--io-threads", "2", "--init-size", "4MiB", "--flash-dir", str(tmp_path / "flash"),
+               "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "serve.json").read_text())
+    assert set(result["throughput"]) == {"flash", "dram"} and result["allocation"]["engine_naive"] is None
+    assert result["block_size_sweep"] == [] and "not run (`--no-extra-runs`)" in (out / "serve.md").read_text()

@@ -19,10 +19,13 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from kvtier.serve.dram_swap import DramSwap
 from kvtier.serve.engine import EngineConfig, LLMEngine
@@ -38,14 +41,19 @@ Progress = Callable[[str], None]
 
 def run_serve_benchmark(llm: Any, workload: Workload, flash_dir: Path, block_tokens: int = 64,
                         repeats: int = 3, io_threads: int = 16, init_bytes: int = 1 << 30,
-                        sweep: tuple[int, ...] = SWEEP_BLOCKS, say: Progress = print) -> dict[str, Any]:
-    """Every measurement above as one JSON-ready dict (top-level `flash_vs_dram`, `swap_out_bytes`, `wall_s`)."""
+                        sweep: tuple[int, ...] = SWEEP_BLOCKS, extra_runs: bool = True,
+                        say: Progress = print) -> dict[str, Any]:
+    """Every measurement above as one JSON-ready dict (top-level `flash_vs_dram`, `swap_out_bytes`, `wall_s`).
+
+    `extra_runs=False` skips the naive-allocator and recompute engine runs (each as long as a flash
+    run; on a slow CPU that halves the benchmark); the allocator replay still compares the policies.
+    """
     encode = lambda text: llm.tokenizer(text)["input_ids"]  # noqa: E731  raw text: no chat template
     prompts = workload.prompts(encode)
     runner = _Runner(llm, prompts, workload, flash_dir, io_threads, say)
     main = runner.compare(block_tokens, repeats)
-    naive = runner.once("flash", block_tokens, flash_allocator="naive")
-    recompute = runner.once("recompute", block_tokens)
+    extras = {"flash_naive_allocator": runner.once("flash", block_tokens, flash_allocator="naive"),
+              "recompute": runner.once("recompute", block_tokens)} if extra_runs else {}
     sweep_rows = [runner.sweep_row(tokens) for tokens in sweep]
     disk = disk_sequential_bandwidth(flash_dir, max(256 << 20, 2 * main["flash"]["swap"]["out_bytes"]), io_threads)
     flash_run = main["flash"]
@@ -56,15 +64,15 @@ def run_serve_benchmark(llm: Any, workload: Workload, flash_dir: Path, block_tok
         "workload": workload.to_dict() | {"prompt_tokens": sum(map(len, prompts)), "block_tokens": block_tokens,
                                           "device_blocks": flash_run["device_blocks"]},
         "io": {"threads": io_threads, "flash_direct_io": flash_run["direct_io"], "repeats": repeats},
-        "throughput": {"flash": main["flash"], "dram": main["dram"], "recompute": recompute,
-                       "flash_naive_allocator": naive},
-        "same_outputs": main["same_outputs"] and recompute["digest"] == flash_run["digest"] == naive["digest"],
+        "throughput": {"flash": main["flash"], "dram": main["dram"]} | extras,
+        "same_outputs": main["same_outputs"] and all(run["digest"] == flash_run["digest"] for run in extras.values()),
         "bandwidth": {"flash_swap_out": flash_run["swap"]["out_bandwidth"],
                       "flash_swap_in": flash_run["swap"]["in_bandwidth"],
                       "dram_swap_out": main["dram"]["swap"]["out_bandwidth"],
                       "dram_swap_in": main["dram"]["swap"]["in_bandwidth"]} | disk,
         "block_size_sweep": sweep_rows,
-        "allocation": {"engine_log": _allocation(flash_run), "engine_naive": _allocation(naive),
+        "allocation": {"engine_log": _allocation(flash_run),
+                       "engine_naive": _allocation(extras["flash_naive_allocator"]) if extras else None,
                        "replay": allocator_replay()},
         "write_amplification": write_amplification_note(),
         "init": init_times(llm, flash_dir, init_bytes, block_tokens, io_threads),
@@ -87,9 +95,11 @@ class _Runner:
                               flash_path=str(self.flash_dir / f"bench-flash-{block_tokens}.kvc"), **overrides)
         engine = LLMEngine.from_llm(self.llm, config)
         try:
-            started = time.perf_counter()
-            outputs = engine.generate(self.prompts, self.workload.sampling)
-            wall = time.perf_counter() - started
+            with tqdm(total=len(self.prompts), desc=f"{swap} block {block_tokens}", unit="req", file=sys.stderr,
+                      leave=False) as bar:
+                started = time.perf_counter()
+                outputs = engine.generate(self.prompts, self.workload.sampling, progress=lambda _: bar.update())
+                wall = time.perf_counter() - started
             stats = engine.stats()
             direct = engine.swap.file.direct if isinstance(engine.swap, FlashSwap) else None
         finally:
