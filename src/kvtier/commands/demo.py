@@ -62,4 +62,3 @@ def verdict(answer: str, found: bool, needles: list, expected: str) -> str:
     wrong = [f"{needle.value}, the fact planted at depth {depth}" for needle, depth in others
              if score_answer(answer, needle.value)]
     return "NOT FOUND" + (f" (answered {' and '.join(wrong)})" if wrong else "")
-
