@@ -19,6 +19,7 @@ def test_demo_reports_the_verdict_and_puts_most_kv_on_disk(tiny_model_dir, tmp_p
     lines = captured.out.strip().splitlines()
     result = json.loads(lines[-1])
     assert result["expected"] and result["found"] in (True, False)
+    assert result["kv_mode"] == "offload"  # what `make run` runs (demo.py says why)
     assert result["kv_bytes"]["storage"] > result["kv_bytes"]["host"] + result["kv_bytes"]["device"]
     assert any(line.startswith("expected: ") and "FOUND" in line for line in lines)
     assert any(line.startswith("KV on disk at the end: ") for line in lines)

@@ -1,11 +1,24 @@
+from contextlib import contextmanager
+
 import numpy as np
 
-from kvtier.sparse.record_file import RecordFile, RecordLayout
+from kvtier.sparse.record_file import RecordFile, RecordLayout, bridge_gaps
 from kvtier.storage import PAGE, IOEngine, aligned_buffer
 
 
 def _records(count, size, seed):
     return np.random.default_rng(seed).integers(0, 256, (count, size), dtype=np.uint8)
+
+
+@contextmanager
+def _open_pool(tmp_path, layout):
+    """A fresh RecordFile on a 2-thread engine; removed afterwards."""
+    with IOEngine(2) as io:
+        file = RecordFile(str(tmp_path / "pool"), layout, io)
+        try:
+            yield file
+        finally:
+            file.remove()
 
 
 def test_regions_start_on_pages():
@@ -17,38 +30,50 @@ def test_regions_start_on_pages():
 
 def test_scattered_writes_keep_their_neighbours(tmp_path):
     layout = RecordLayout(record_bytes=300, layers=2, batch=2, slots=100)
-    with IOEngine(2) as io:
-        file = RecordFile(str(tmp_path / "pool"), layout, io)
-        try:
-            base = _records(100, 300, 0)
-            file.write_records(1, 1, np.arange(100), base)
-            patch = _records(4, 300, 1)
-            file.write_records(1, 1, [50, 13, 14, 99], patch)  # 13 and 14 straddle a page boundary
-            expected = base.copy()
-            expected[[50, 13, 14, 99]] = patch
-            got, pages = file.read_records(1, 1, np.arange(100))
-            np.testing.assert_array_equal(got, expected)
-            assert pages == layout.prefix_bytes(100) // PAGE
-            other, _ = file.read_records(0, 1, np.array([5]))
-            assert not other.any()  # another region was never touched
-        finally:
-            file.remove()
+    with _open_pool(tmp_path, layout) as file:
+        base = _records(100, 300, 0)
+        file.write_records(1, 1, np.arange(100), base)
+        patch = _records(4, 300, 1)
+        file.write_records(1, 1, [50, 13, 14, 99], patch)  # 13 and 14 straddle a page boundary
+        expected = base.copy()
+        expected[[50, 13, 14, 99]] = patch
+        got, pages = file.read_records(1, 1, np.arange(100))
+        np.testing.assert_array_equal(got, expected)
+        assert pages == layout.prefix_bytes(100) // PAGE
+        other, _ = file.read_records(0, 1, np.array([5]))
+        assert not other.any()  # another region was never touched
     assert not list(tmp_path.iterdir())
 
 
 def test_read_records_returns_the_order_asked_and_counts_pages(tmp_path):
     layout = RecordLayout(record_bytes=1536, layers=1, batch=1, slots=64)
-    with IOEngine(2) as io:
-        file = RecordFile(str(tmp_path / "pool"), layout, io)
-        try:
-            data = _records(64, 1536, 2)
-            file.write_records(0, 0, np.arange(64), data)
-            got, pages = file.read_records(0, 0, np.array([40, 2, 3]))
-            np.testing.assert_array_equal(got, data[[40, 2, 3]])
-            # slot 40 lies in page 15; slot 2 (bytes 3072-4607) spans pages 0-1, slot 3 lies in page 1
-            assert pages == 3
-            prefix = aligned_buffer(layout.prefix_bytes(10))
-            file.read_prefix(0, 0, 10, prefix)
-            np.testing.assert_array_equal(prefix[: 10 * 1536].reshape(10, 1536), data[:10])
-        finally:
-            file.remove()
+    with _open_pool(tmp_path, layout) as file:
+        data = _records(64, 1536, 2)
+        file.write_records(0, 0, np.arange(64), data)
+        got, pages = file.read_records(0, 0, np.array([40, 2, 3]))
+        np.testing.assert_array_equal(got, data[[40, 2, 3]])
+        # slot 40 lies in page 15; slot 2 (bytes 3072-4607) spans pages 0-1, slot 3 lies in page 1
+        assert pages == 3
+        prefix = aligned_buffer(layout.prefix_bytes(10))
+        file.read_prefix(0, 0, 10, prefix)
+        np.testing.assert_array_equal(prefix[: 10 * 1536].reshape(10, 1536), data[:10])
+
+
+def test_bridge_gaps_fills_only_short_gaps():
+    pages = np.array([0, 2, 5, 6, 9])
+    np.testing.assert_array_equal(bridge_gaps(pages, 1), [0, 1, 2, 5, 6, 9])  # 3-4 and 7-8 are two pages
+    np.testing.assert_array_equal(bridge_gaps(pages, 2), np.arange(10))
+    np.testing.assert_array_equal(bridge_gaps(pages, 0), pages)
+
+
+def test_scattered_fetch_reads_a_lone_gap_page_once(tmp_path):
+    layout = RecordLayout(record_bytes=4096, layers=1, batch=1, slots=16)
+    with _open_pool(tmp_path, layout) as file:
+        data = _records(16, 4096, 3)
+        file.write_records(0, 0, np.arange(16), data)
+        before = file.io.stats.snapshot()
+        got, pages = file.read_records(0, 0, np.array([9, 0, 2, 12]))
+        np.testing.assert_array_equal(got, data[[9, 0, 2, 12]])
+        moved = file.io.stats.minus(before)
+        # pages 0-2 in one read (page 1 bridged), 9 and 12 alone (their gaps are two pages)
+        assert pages == 5 and moved.read_calls == 3 and moved.bytes_read == 5 * PAGE

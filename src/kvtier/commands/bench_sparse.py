@@ -1,7 +1,8 @@
 """`kvtier bench sparse`: decode speed of `--kv sparse` side by side with `--kv offload`, plus selection quality.
 
-One run, same prompt, same budgets: the host budget defaults to 40% of the
-prompt's KV so that more than half of it lives in the storage tier. Reports
+One run, same prompt, same budgets (kvtier.eval.budgets, as the other benchmarks):
+the host budget defaults to 40% of the prompt's KV so that more than half of it
+lives in the storage tier; the device budget is 2% of it, at least 128 tokens. Reports
 per mode decode ms/token and disk bytes per step; for the sparse path the
 step breakdown (scoring, fetch, attention, migration, rest of the model),
 cold selection rate, K/V pages read per step, migrations and ping-pong rate
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +29,13 @@ import torch
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from kvtier.commands.bench_options import check_writable, storage_directory
 from kvtier.commands.kv_options import add_model_option
-from kvtier.data.corpus import load_corpus
+from kvtier.data.corpus import CORPUS_NAMES, load_corpus
+from kvtier.eval.budgets import BudgetShares, budget_bytes, kv_bytes_per_token
 from kvtier.eval.decode_timing import measure_decode
-from kvtier.kv.factory import KVConfig, close_cache, default_storage_dir, full_attention_layers, make_cache
+from kvtier.eval.record import machine_info
+from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache
 from kvtier.models.loader import load_model
 from kvtier.sparse.cache import SparseCache, make_sparse_cache
 from kvtier.sparse.planner import load_or_calibrate
@@ -51,6 +56,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--host-share", type=float, default=0.4, help="host budget as a share of the prompt's KV")
     parser.add_argument("--policies", default="hit,naive", help="migration policies to run the sparse path with")
     parser.add_argument("--skip-offload", action="store_true")
+    parser.add_argument("--corpus", choices=("auto", *CORPUS_NAMES), default="auto", help="text for prompts")
     parser.add_argument("--storage-dir", default=None)
     parser.add_argument("--prefill-chunk", type=int, default=1024)
     parser.add_argument("--recalibrate", action="store_true", help="measure APP's throughputs again")
@@ -60,59 +66,52 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # the scorer process needs the other core; torch's spinning pool starves it
+    check_writable(args.out)
+    storage_dir = str(storage_directory(args.storage_dir))
     llm = load_model(args.model)
     model, config = llm.model, llm.model.config.get_text_config(decoder=True)
-    ids = _prompt(llm, args.context, args.batch)
+    ids = _prompt(llm, args.context, args.batch, args.corpus)
     tiered = full_attention_layers(config)
-    kv_bytes = _kv_bytes(model, tiered, args.context, args.batch)
-    host_budget = int(args.host_share * kv_bytes)
-    storage_dir = args.storage_dir or str(default_storage_dir())
-    Path(storage_dir).mkdir(parents=True, exist_ok=True)
-    result = {"model": args.model, "context": args.context, "batch": args.batch, "new_tokens": args.new_tokens,
+    kv_bytes = kv_bytes_per_token(model) * args.context * args.batch
+    device_budget, host_budget = budget_bytes(model, args.context, BudgetShares(host=args.host_share), args.batch)
+    result = {"model": llm.name, "context": args.context, "batch": args.batch, "new_tokens": args.new_tokens,
               "alpha": args.alpha, "score_bits": args.score_bits, "prompt_kv_bytes": kv_bytes,
-              "host_budget_bytes": host_budget, "torch_threads": 1, "modes": {}}
+              "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": 1, "machine": machine_info(storage_dir),
+              "modes": {}}
     if args.recalibrate:
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         result["calibration"] = vars(load_or_calibrate(storage_dir, heads, head_dim, model.dtype, args.score_bits,
                                                        "sum", refresh=True))
-    device_budget = 8 * 2**20 * args.batch
     if not args.skip_offload:
         offload = KVConfig(kv="offload", device_kv_budget=device_budget, host_kv_budget=host_budget,
                            storage_dir=storage_dir)
         result["modes"]["offload"] = _measure(model, make_cache(model, offload, ids.shape[1] + args.new_tokens + 1,
-                                                                args.batch, llm.model_id), ids, args)
+                                                                args.batch, llm.model_id), ids, args, "offload")
     for policy in args.policies.split(","):
         settings = SparseSettings(alpha=args.alpha, score_bits=args.score_bits, policy=policy,
                                   beta=None if args.beta == "auto" else float(args.beta))
         cache = make_sparse_cache(model, settings, ids.shape[1] + args.new_tokens + 1, args.batch, storage_dir,
                                   device_budget, host_budget, tiered)
-        result["modes"][f"sparse-{policy}"] = _measure(model, cache, ids, args)
+        result["modes"][f"sparse-{policy}"] = _measure(model, cache, ids, args, f"sparse-{policy}")
     result["recall"] = _recall(model, ids[:1], args.alpha)
     _write(result, args.out)
     return 0
 
 
-def _prompt(llm, tokens: int, batch: int) -> torch.Tensor:
+def _prompt(llm, tokens: int, batch: int, corpus: str) -> torch.Tensor:
     """`batch` different stretches of the corpus, `tokens` tokens each."""
-    text = load_corpus("auto", min_chars=tokens * 6 * batch, progress=False).text
+    text = load_corpus(corpus, min_chars=tokens * 6 * batch, progress=False).text
     all_ids = llm.tokenizer(text)["input_ids"]
     if len(all_ids) < tokens * batch:
         all_ids = all_ids * math.ceil(tokens * batch / len(all_ids))
     return torch.tensor([all_ids[i * tokens : (i + 1) * tokens] for i in range(batch)], dtype=torch.long)
 
 
-def _kv_bytes(model, tiered: list[int], tokens: int, batch: int) -> int:
-    config = model.config.get_text_config(decoder=True)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    itemsize = torch.empty(0, dtype=model.dtype).element_size()
-    return 2 * config.num_key_value_heads * head_dim * itemsize * len(tiered) * tokens * batch
-
-
-def _measure(model, cache, ids: torch.Tensor, args: argparse.Namespace) -> dict:
+def _measure(model, cache, ids: torch.Tensor, args: argparse.Namespace, label: str) -> dict:
     """Prefill, one untimed step (the sparse cache places its tiers), then `new_tokens` timed greedy steps."""
     try:
-        measured = measure_decode(model, cache, ids, args.new_tokens, args.prefill_chunk)
+        measured = measure_decode(model, cache, ids, args.new_tokens, args.prefill_chunk, label=label)
         measured.pop("token_ids")
         if isinstance(cache, SparseCache):
             measured |= _sparse_details(cache)
@@ -196,21 +195,22 @@ def markdown(result: dict) -> str:
     lines = [f"# sparse vs offload: {result['model']}, {result['context']} tokens x {result['batch']}",
              "", f"alpha {result['alpha']}, INT{result['score_bits']} sketches, host budget "
              f"{format_size(result['host_budget_bytes'])} of {format_size(result['prompt_kv_bytes'])} prompt KV, "
-             f"{result['new_tokens']} decode steps, torch threads 1", "",
-             "| mode | ms/token | disk read/step | O_DIRECT | cold sel. rate | pages/step | ping-pong rate | "
-             "score / fetch / attention / migrate / rest ms |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{result['new_tokens']} timed decode steps per mode (median, mean), torch threads 1", "",
+             "| mode | median ms/step | mean ms/step | disk read/step | O_DIRECT | cold sel. rate | pages/step | "
+             "ping-pong rate | score / fetch / attention / migrate / rest ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for mode, row in result["modes"].items():
         parts = row.get("breakdown_ms")
         breakdown = " / ".join(f"{value:.1f}" for value in parts.values()) if parts else "-"
-        lines.append(f"| {mode} | {row['ms_per_token']:.1f} | {format_size(int(row['disk_read_bytes_per_step']))} | "
+        lines.append(f"| {mode} | {_median_ms(row):.1f} | {row['ms_per_token']:.1f} | "
+                     f"{format_size(int(row['disk_read_bytes_per_step']))} | "
                      f"{row['direct']} | {row.get('cold_selection_rate', float('nan')):.3f} | "
                      f"{row.get('cold_pages_read_per_step', float('nan')):.0f} | {row.get('ping_pong_rate', float('nan')):.3f} | "
                      f"{breakdown} |")
     offload = result["modes"].get("offload")
     for mode, row in result["modes"].items():
         if offload and mode != "offload":
-            lines.append(f"\n{mode}: {offload['ms_per_token'] / row['ms_per_token']:.2f}x faster decode than offload, "
+            lines.append(f"\n{mode}: {_median_ms(offload) / _median_ms(row):.2f}x the decode speed of offload (medians), "
                          f"{row['disk_read_bytes_per_step'] / max(offload['disk_read_bytes_per_step'], 1):.1%} of its "
                          f"disk bytes per step; scorer round trip {row['scorer_round_trip_us']:.0f} us; "
                          f"APP predicted T_CPU {row['predicted_ms']['T_CPU']:.1f} ms / T_storage "
@@ -224,3 +224,8 @@ def markdown(result: dict) -> str:
         lines += ["", "attention mass on always-kept tokens (mean over layers): " +
                   ", ".join(f"{window} {share:.1%}" for window, share in edges.items())]
     return "\n".join(lines) + "\n"
+
+
+def _median_ms(row: dict) -> float:
+    """Median decode step in ms, from the per-step times every result holds."""
+    return statistics.median(row["step_ms"])

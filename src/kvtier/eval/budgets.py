@@ -34,9 +34,14 @@ def kv_bytes_per_token(model) -> int:
     return 2 * geometry.token_bytes_per_layer * len(full_attention_layers(config))
 
 
+def budget_bytes(model, prompt_tokens: int, shares: BudgetShares, batch: int = 1) -> tuple[int, int]:
+    """(device, host) KV budget bytes for `batch` prompts of `prompt_tokens` tokens each."""
+    per_token = kv_bytes_per_token(model) * batch
+    device = max(int(shares.device * prompt_tokens * per_token), MIN_DEVICE_TOKENS * per_token)
+    return device, int(shares.host * prompt_tokens * per_token)
+
+
 def cell_kv_config(mode: str, model, prompt_tokens: int, shares: BudgetShares, **options) -> KVConfig:
     """The KVConfig of `mode` for a prompt of `prompt_tokens` tokens; `options` are further KVConfig fields."""
-    per_token = kv_bytes_per_token(model)
-    device = max(int(shares.device * prompt_tokens * per_token), MIN_DEVICE_TOKENS * per_token)
-    host = int(shares.host * prompt_tokens * per_token)
+    device, host = budget_bytes(model, prompt_tokens, shares)
     return KVConfig(kv=mode, device_kv_budget=device, host_kv_budget=host, **options).validated()

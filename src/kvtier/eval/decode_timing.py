@@ -8,38 +8,49 @@ so every mode runs exactly `new_tokens` timed steps.
 
 from __future__ import annotations
 
+import statistics
+import sys
 import time
 
 import torch
+from tqdm import tqdm
 
 from kvtier.kv.factory import disk_bytes
 
 
 def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chunk: int = 1024,
-                   warmup_steps: int = 1) -> dict:
+                   warmup_steps: int = 1, label: str | None = None) -> dict:
     """Prefill `ids` [B, N], run `warmup_steps` untimed steps (the sparse cache places its tiers
     on the first), then `new_tokens` timed steps. Returns timings, disk bytes per step and the
-    generated token ids [B, warmup + new_tokens]."""
-    with torch.inference_mode():
+    generated token ids [B, warmup + new_tokens]. With a `label`, a progress bar of forward
+    passes goes to stderr."""
+    prefill_passes = -(-ids.shape[1] // prefill_chunk)
+    bar = tqdm(total=prefill_passes + warmup_steps + new_tokens, desc=label, unit="pass", file=sys.stderr,
+               leave=False, disable=label is None)
+    with torch.inference_mode(), bar:
         started = time.perf_counter()
         for start in range(0, ids.shape[1], prefill_chunk):
             logits = model(input_ids=ids[:, start : start + prefill_chunk], cache=cache, logits_to_keep=1).logits[:, -1]
+            bar.update()
         prefill_s = time.perf_counter() - started
         tokens = []
         for _ in range(warmup_steps):
             logits = _step(model, cache, logits, tokens)
+            bar.update()
         before = disk_bytes(cache)
         step_s = []
         for _ in range(new_tokens):
             started = time.perf_counter()
             logits = _step(model, cache, logits, tokens)
             step_s.append(time.perf_counter() - started)
+            bar.update()
         after = disk_bytes(cache)
     decode_s = sum(step_s)
     return {
         "prefill_s": prefill_s,
         "decode_s": decode_s,
         "ms_per_token": decode_s * 1000 / max(new_tokens, 1),
+        "median_step_ms": statistics.median(step_s) * 1000 if step_s else 0.0,
         "step_ms": [s * 1000 for s in step_s],
         "disk_read_bytes_per_step": (after[0] - before[0]) / max(new_tokens, 1),
         "disk_written_bytes_per_step": (after[1] - before[1]) / max(new_tokens, 1),

@@ -16,9 +16,9 @@ class SparseSettings:
     alpha: float = 0.2  # importance rate: fraction of pooled (hot + cold) tokens attended per step (paper: 20%)
     score_bits: int = 8  # sketch precision for cold scoring
     beta: float | None = None  # hot/cold split Mc/Ms; None: APP chooses it (planner.py)
-    sink: int = 4  # first tokens always attended (attention sinks)
-    recent: int = 64  # last tokens always attended, kept on the device with the new ones
-    aggregation: str = "sum"  # GQA token importance: summed group queries ("sum") or max over heads ("max")
+    sink: int = 4  # first tokens always attended (attention sinks); measured choice: see sparse/__init__.py
+    recent: int = 64  # last tokens always attended, kept on the device with the new ones; ditto
+    aggregation: str = "sum"  # GQA token importance: summed group queries ("sum") or max over heads ("max"); ditto
     observation_window: int = 32  # last prompt queries whose attention places tokens hot or cold (SnapKV-style)
     policy: str = "hit"  # migration: hit table ("hit"), instantaneous scores ("naive"), none ("off")
     max_moves: int = 8  # promotions (swaps) per layer, sequence and step

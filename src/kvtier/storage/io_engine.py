@@ -4,8 +4,12 @@ A *run* is (file offset, buffers): buffers laid back to back on disk starting
 at the offset, moved by one vectored syscall. Python threads release the GIL
 inside `os.preadv`/`os.pwritev`, so a pool of threads keeps several requests in
 flight at the SSD, which is what random reads need to approach its bandwidth.
-The synchronous calls run one run in the calling thread, so a single run costs
-no thread hand-off.
+Runs are dealt round-robin into one group per thread and each thread works
+through its group: a sparse fetch of a few hundred scattered pages is one
+task hand-off per thread, not one per page (per-run tasks cost about twice
+the time on the development VM for 223 random 4 KiB pages x 30 layers).
+The synchronous calls work through the first group in the calling thread, so
+a single run costs no thread hand-off.
 """
 
 from __future__ import annotations
@@ -78,11 +82,11 @@ class IOEngine:
 
     def submit_read_runs(self, fd: int, runs: Sequence[Run]) -> Future[None]:
         """`read_runs` in the background; the future completes when every run is done."""
-        return gather([self._pool.submit(self._read_run, fd, *run) for run in runs])
+        return gather([self._pool.submit(_each, self._read_run, fd, group) for group in self._groups(runs)])
 
     def submit_write_runs(self, fd: int, runs: Sequence[Run]) -> Future[None]:
         """`write_runs` in the background; the future completes when every run is done."""
-        return gather([self._pool.submit(self._write_run, fd, *run) for run in runs])
+        return gather([self._pool.submit(_each, self._write_run, fd, group) for group in self._groups(runs)])
 
     def close(self) -> None:
         """Wait for queued I/O, then stop the threads."""
@@ -96,16 +100,21 @@ class IOEngine:
 
     def _run_all(self, transfer: Callable[[int, int, Sequence[memoryview]], None], fd: int,
                  runs: Sequence[Run]) -> None:
-        if not runs:
+        groups = self._groups(runs)
+        if not groups:
             return
-        others = [self._pool.submit(transfer, fd, *run) for run in runs[1:]]
+        others = [self._pool.submit(_each, transfer, fd, group) for group in groups[1:]]
         try:
-            transfer(fd, *runs[0])
+            _each(transfer, fd, groups[0])
         finally:
             # Never return while a thread may still be filling or reading a caller's buffer.
             wait(others)
         for future in others:
             future.result()
+
+    def _groups(self, runs: Sequence[Run]) -> list[Sequence[Run]]:
+        """Runs dealt round-robin into at most one group per thread (similar sizes when runs are similar)."""
+        return [runs[first :: self.threads] for first in range(min(self.threads, len(runs)))]
 
     def _read_run(self, fd: int, offset: int, buffers: Sequence[memoryview]) -> None:
         self._transfer(os.preadv, "read", fd, offset, buffers)
@@ -131,6 +140,12 @@ class IOEngine:
                 self.stats.add(bytes_written=moved, write_calls=1)
             offset += moved
             pending = _advance(pending, moved)
+
+
+def _each(transfer: Callable[[int, int, Sequence[memoryview]], None], fd: int, runs: Sequence[Run]) -> None:
+    """Move one group of runs, one after the other (inside one pool thread)."""
+    for offset, buffers in runs:
+        transfer(fd, offset, buffers)
 
 
 def _advance(views: list[memoryview], nbytes: int) -> list[memoryview]:

@@ -1,0 +1,23 @@
+"""The shared timing loop: step counts, medians, disk bytes per step, the progress bar. No speed is asserted."""
+
+import torch
+
+from kvtier.eval.decode_timing import measure_decode
+from kvtier.kv.factory import KVConfig, close_cache, make_cache
+
+
+def test_times_every_step_and_counts_disk_bytes(tiny_llm, tmp_path, capsys):
+    model = tiny_llm.model
+    ids = torch.randint(0, model.config.vocab_size, (2, 300))
+    config = KVConfig(kv="offload", device_kv_budget="64KiB", host_kv_budget=0, storage_dir=str(tmp_path), block_tokens=16)
+    cache = make_cache(model, config, 300 + 6, batch_size=2)
+    try:
+        measured = measure_decode(model, cache, ids, new_tokens=4, prefill_chunk=128, warmup_steps=1, label="offload")
+    finally:
+        close_cache(cache)
+    steps = measured["step_ms"]
+    assert len(steps) == 4 and min(steps) <= measured["median_step_ms"] <= max(steps)
+    assert abs(measured["ms_per_token"] - sum(steps) / 4) < 1e-6
+    assert len(measured["token_ids"]) == 2 and len(measured["token_ids"][0]) == 1 + 4  # warm-up + timed steps
+    assert measured["disk_read_bytes_per_step"] > 0  # every offload step reads the whole stored KV
+    assert "offload" in capsys.readouterr().err  # the progress bar names the run
