@@ -79,7 +79,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"Workload: {workload['requests']} requests of {workload['min_prompt_tokens']}-{workload['max_prompt_tokens']} "
         f"prompt tokens, {workload['new_tokens']} new tokens each (`--scale {result['scale']}` of the issue's "
         f"32 x 2K-8K); device pool {workload['device_blocks']} blocks of {workload['block_tokens']} tokens "
-        f"(~{workload['pool_fraction']:.0%} of the demand). Medians of {result['io']['repeats']} runs. "
+        f"(~{workload['pool_fraction']:.0%} of the demand). {_repeats_text(result['io']['repeats'])} "
         f"Flash I/O: {'O_DIRECT' if result['io']['flash_direct_io'] else 'buffered (no O_DIRECT here)'}, "
         f"{result['io']['threads']} threads.",
         "",
@@ -124,3 +124,7 @@ def _naive_row(naive: dict[str, Any] | None) -> str:
     if naive is None:
         return "| engine, naive reuse | not run (`--no-extra-runs`) | |"
     return f"| engine, naive reuse | {naive['sequential_share']:.3f} | {naive['overwrites']} |"
+
+
+def _repeats_text(repeats: int) -> str:
+    return "One run per engine (no medians)." if repeats == 1 else f"Medians of {repeats} runs."
