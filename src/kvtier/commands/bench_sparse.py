@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
     device_budget, host_budget = budget_bytes(model, args.context, BudgetShares(host=args.host_share), args.batch)
     result = {"model": llm.name, "context": args.context, "batch": args.batch, "new_tokens": args.new_tokens,
               "alpha": args.alpha, "score_bits": args.score_bits, "prompt_kv_bytes": kv_bytes,
-              "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": 1, "machine": machine_info(storage_dir),
-              "modes": {}}
+              "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": 1,
+              "machine": machine_info(storage_dir), "modes": {}}
     if args.recalibrate:
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -202,7 +201,7 @@ def markdown(result: dict) -> str:
     for mode, row in result["modes"].items():
         parts = row.get("breakdown_ms")
         breakdown = " / ".join(f"{value:.1f}" for value in parts.values()) if parts else "-"
-        lines.append(f"| {mode} | {_median_ms(row):.1f} | {row['ms_per_token']:.1f} | "
+        lines.append(f"| {mode} | {row['median_step_ms']:.1f} | {row['ms_per_token']:.1f} | "
                      f"{format_size(int(row['disk_read_bytes_per_step']))} | "
                      f"{row['direct']} | {row.get('cold_selection_rate', float('nan')):.3f} | "
                      f"{row.get('cold_pages_read_per_step', float('nan')):.0f} | {row.get('ping_pong_rate', float('nan')):.3f} | "
@@ -210,7 +209,7 @@ def markdown(result: dict) -> str:
     offload = result["modes"].get("offload")
     for mode, row in result["modes"].items():
         if offload and mode != "offload":
-            lines.append(f"\n{mode}: {_median_ms(offload) / _median_ms(row):.2f}x the decode speed of offload (medians), "
+            lines.append(f"\n{mode}: {offload['median_step_ms'] / row['median_step_ms']:.2f}x the decode speed of offload (medians), "
                          f"{row['disk_read_bytes_per_step'] / max(offload['disk_read_bytes_per_step'], 1):.1%} of its "
                          f"disk bytes per step; scorer round trip {row['scorer_round_trip_us']:.0f} us; "
                          f"APP predicted T_CPU {row['predicted_ms']['T_CPU']:.1f} ms / T_storage "
@@ -224,8 +223,3 @@ def markdown(result: dict) -> str:
         lines += ["", "attention mass on always-kept tokens (mean over layers): " +
                   ", ".join(f"{window} {share:.1%}" for window, share in edges.items())]
     return "\n".join(lines) + "\n"
-
-
-def _median_ms(row: dict) -> float:
-    """Median decode step in ms, from the per-step times every result holds."""
-    return statistics.median(row["step_ms"])
