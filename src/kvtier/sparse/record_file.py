@@ -15,8 +15,9 @@ two edge pages of each run.
 
 A fetch of scattered records also reads a lone unwanted page lying between two
 wanted ones (BRIDGED_GAP_PAGES), so the two reads become one: on the
-development VM's disk that cut the time of a 223-page fetch x 30 layers by a
-third for about 14% more bytes; the pages read are counted and reported.
+development VM's disk a fetch of 285 random records from each of 30 layers took
+a median 1.73 s instead of 2.30 s (8 interleaved trials) for 14% more pages;
+the pages read are counted and reported.
 """
 
 from __future__ import annotations
