@@ -23,9 +23,7 @@ $(STAMP): pyproject.toml
 model: install
 	$(BIN)/kvtier models pull $(DEFAULT_MODEL)
 
-# The demo pulls the model itself when it is missing; a separate `kvtier models pull`
-# would pay the torch + transformers import (30-60 s on the 2-core VM) a second time.
-run: install
+run: model
 	$(BIN)/kvtier demo
 
 test: model

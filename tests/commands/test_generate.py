@@ -50,6 +50,28 @@ def test_offload_text_equals_dense_text(tiny_model_dir, tmp_path, capsys):
     assert offload["token_ids"] == dense["token_ids"]
 
 
+def test_bfloat16_halves_the_kv_bytes_and_offload_still_equals_dense(tiny_model_dir, tmp_path, capsys):
+    runs = {}
+    for name, extra in {"fp32": (), "bf16": ("--dtype", "bfloat16"),
+                        "bf16-offload": ("--dtype", "bfloat16", "--kv", "offload", "--device-kv-budget", "8KiB",
+                                         "--block-tokens", "16", "--host-kv-budget", "0",
+                                         "--storage-dir", str(tmp_path))}.items():
+        assert _generate(tiny_model_dir, "--json", *extra) == 0
+        runs[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sum(runs["bf16"]["kv_bytes"].values()) * 2 == sum(runs["fp32"]["kv_bytes"].values())
+    assert runs["bf16-offload"]["token_ids"] == runs["bf16"]["token_ids"]
+    assert runs["bf16-offload"]["disk_bytes_read"] > 0
+
+
+@pytest.mark.parametrize("mode", ["sparse", "h2o", "infinigen", "leoam"])
+def test_selective_modes_run_in_bfloat16_and_read_their_disk_tier(tiny_model_dir, tmp_path, capsys, mode):
+    rc = _generate(tiny_model_dir, "--json", "--dtype", "bfloat16", "--kv", mode, "--device-kv-budget", "24KiB",
+                   "--host-kv-budget", "24KiB", "--block-tokens", "16", "--storage-dir", str(tmp_path))
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["decode_tokens"] >= 1 and result["disk_bytes_read"] > 0 and result["kv_bytes"]["storage"] > 0
+
+
 def test_unknown_model(capsys):
     rc = main(["generate", "--model", "no-such-model", "--prompt", "hi"])
     assert "no-such-model" in _one_line_error(capsys, rc)

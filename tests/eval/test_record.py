@@ -34,8 +34,16 @@ def test_finished_cells_survive_a_restart_and_are_skipped(tmp_path):
     again = ResultStore(path, {"model": "m"})
     assert again.done(cell_key(context=1024)) and again.get(cell_key(context=1024)) == {"ms": 5.0}
     assert not ResultStore(path, {"model": "m"}, force=True).done(cell_key(context=1024))
-    assert not ResultStore(path, {"model": "other"}).done(cell_key(context=1024))  # other settings: start over
     assert [p.name for p in tmp_path.iterdir()] == ["exp.json"]  # no partial files left
+
+
+def test_cells_run_with_other_settings_are_kept_unless_forced(tmp_path):
+    path = tmp_path / "exp.json"
+    ResultStore(path, {"model": "m", "alpha": 0.2}).put(cell_key(context=1024), {"ms": 5.0})
+    with pytest.raises(StorageError, match=r"1 finished cells run with other settings \(alpha: 0.2 there, 0.1 now\)"):
+        ResultStore(path, {"model": "m", "alpha": 0.1})
+    assert ResultStore(path, {"model": "m", "alpha": 0.2}).done(cell_key(context=1024))  # nothing was lost
+    assert not ResultStore(path, {"model": "m", "alpha": 0.1}, force=True).done(cell_key(context=1024))
 
 
 def test_corrupt_results_file_is_a_clear_error_and_is_kept(tmp_path):

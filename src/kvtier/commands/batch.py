@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvtier.commands.kv_options import add_model_option
+from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.commands.serve_options import add_engine_options, engine_config_from
 from kvtier.errors import ConfigError
 from kvtier.models.loader import load_model
@@ -26,6 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser("batch", help="generate for a JSONL file of prompts with continuous batching",
                                    description=__doc__.split("\n\n")[1])
     add_model_option(parser)
+    add_dtype_option(parser)
     parser.add_argument("--file", type=Path, required=True, help="prompts, one JSON object per line")
     parser.add_argument("--output", type=Path, help="results JSONL (default: stdout)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="default per request (default %(default)s)")
@@ -67,7 +68,7 @@ def _parse_request(line: str, where: str, default_max_new_tokens: int) -> tuple[
 def run(args: argparse.Namespace) -> int:
     requests = read_requests(args.file, args.max_new_tokens)
     config = engine_config_from(args)
-    llm = load_model(args.model)
+    llm = load_model(args.model, dtype=args.dtype)
     started = time.perf_counter()
     with LLMEngine.from_llm(llm, config) as engine:
         ids = [engine.add_request(prompt, sampling) for prompt, sampling in requests]

@@ -86,13 +86,17 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"**flash / DRAM throughput: {result['flash_vs_dram']:.3f}** (target >= 0.95); "
         f"identical outputs across backends: {result['same_outputs']}",
         "",
-        "| backend | tok/s | swap-outs | swap-ins | recomputes | swap-out bytes |",
-        "|---|---|---|---|---|---|",
+        "| backend | tok/s | runs (tok/s) | wall s | swap-in stall s | swap-outs | swap-ins | recomputes | swap-out bytes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, run in throughput.items():
         scheduler, swap = run["scheduler"], run["swap"]
-        lines.append(f"| {name} | {run['tokens_per_s']:.1f} | {scheduler['swap_outs']} | {scheduler['swap_ins']} | "
+        runs = ", ".join(f"{value:.2f}" for value in run.get("tokens_per_s_runs", [run["tokens_per_s"]]))
+        lines.append(f"| {name} | {run['tokens_per_s']:.2f} | {runs} | {run['wall_s']:.1f} | "
+                     f"{swap.get('in_seconds', 0.0):.2f} | {scheduler['swap_outs']} | {scheduler['swap_ins']} | "
                      f"{scheduler['recomputes']} | {format_size(swap.get('out_bytes', 0))} |")
+    lines += ["", "Swap-in stall: seconds a resumed sequence waited for its KV (swap-ins are synchronous; "
+              "swap-outs overlap the running batch). Wall and stall are those of the median run."]
     lines += ["", "| bandwidth | GB/s |", "|---|---|"]
     for name in ("flash_swap_out", "flash_swap_in", "dram_swap_out", "dram_swap_in", "disk_sequential_write",
                  "disk_sequential_read"):

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from kvtier.commands.kv_options import add_kv_options, add_model_option, kv_config_from
+from kvtier.commands.kv_options import add_dtype_option, add_kv_options, add_model_option, kv_config_from
 from kvtier.errors import ConfigError
 from kvtier.generation import GenerationResult, generate
 from kvtier.models.loader import load_model
@@ -15,6 +15,7 @@ from kvtier.units import format_size
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="generate text with a tiered KV cache")
     add_model_option(parser)
+    add_dtype_option(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--file", type=Path, help="a text file used as the document")
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     prompt = read_prompt(args)
     kv_config = kv_config_from(args)
-    llm = load_model(args.model)
+    llm = load_model(args.model, dtype=args.dtype)
     result = generate(llm, prompt, args.max_new_tokens, kv_config, args.prefill_chunk, on_text=stream_to_stdout)
     print()
     print(summary_line(result), file=sys.stderr)

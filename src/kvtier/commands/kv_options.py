@@ -3,11 +3,19 @@
 import argparse
 
 from kvtier.kv.factory import KV_MODES, KVConfig
+from kvtier.models.loader import TORCH_DTYPES
 from kvtier.models.registry import DEFAULT_MODEL
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"packaged model name, local HF dir or .gguf path (default {DEFAULT_MODEL})")
+
+
+def add_dtype_option(parser: argparse.ArgumentParser, default: str = "float32") -> None:
+    # float32 is the default: the GGUF weights dequantize exactly into it, and it is the reference the
+    # KV modes are checked against; bfloat16 halves the KV bytes and uses the CPU's bf16 matmuls.
+    parser.add_argument("--dtype", choices=tuple(TORCH_DTYPES), default=default,
+                        help="dtype of the weights, activations and KV cache (default %(default)s)")
 
 
 def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -> None:

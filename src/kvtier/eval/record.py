@@ -3,7 +3,9 @@
 Every file records the machine it ran on (cores, memory, the storage dir's disk),
 the software versions and the run's settings, so a number is never read without
 its context. Cells are keyed by their parameters; a re-run skips finished cells
-(`--force` reruns them), so an interrupted grid resumes where it stopped.
+(`--force` reruns them), so an interrupted grid resumes where it stopped. A file
+whose cells were run with other settings is never silently replaced: that is an error
+naming the differences, unless `--force`.
 Writes are atomic (temp file + rename): an interrupted run never leaves half a file.
 """
 
@@ -60,8 +62,12 @@ class ResultStore:
                  force: bool = False) -> None:
         self.path = path
         existing = {} if force else _read(path)
+        if existing.get("cells") and existing.get("settings") != settings:
+            raise StorageError(f"{path} holds {len(existing['cells'])} finished cells run with other settings "
+                               f"({_differences(existing.get('settings') or {}, settings)}); rerun with --force to "
+                               "replace them, or pass another --out to keep both")
         self.data = {"experiment": path.stem, "settings": settings, "machine": machine_info(storage_dir),
-                     "cells": existing.get("cells", {}) if existing.get("settings") == settings else {}}
+                     "cells": existing.get("cells", {})}
 
     def done(self, key: str) -> bool:
         return key in self.data["cells"]
@@ -95,6 +101,12 @@ def _read(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise StorageError(f"results file {path} is unreadable ({error}); move it away or rerun with --force") from None
+
+
+def _differences(before: dict[str, Any], now: dict[str, Any]) -> str:
+    """`name: X there, Y now` for each setting that differs (None where one side lacks it)."""
+    names = sorted(name for name in before.keys() | now.keys() if before.get(name) != now.get(name))
+    return "; ".join(f"{name}: {before.get(name)!r} there, {now.get(name)!r} now" for name in names)
 
 
 def _version(package: str) -> str | None:

@@ -23,7 +23,7 @@ from kvtier.models.install import file_sha256, model_status, pull
 from kvtier.models.paths import converted_dir, partial_path, remove_abandoned_partials
 from kvtier.models.registry import DEFAULT_MODEL, REGISTRY, ModelSpec, find_spec_by_sha256
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # What transformers raises for unreadable, corrupt or incompatible checkpoints.
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, SafetensorError)
@@ -95,9 +95,9 @@ def converted_path(sha256: str) -> Path:
 
 
 def _parse_dtype(dtype: str) -> torch.dtype:
-    if dtype not in _DTYPES:
-        raise ConfigError(f"unsupported dtype {dtype!r}: use one of {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
+    if dtype not in TORCH_DTYPES:
+        raise ConfigError(f"unsupported dtype {dtype!r}: use one of {', '.join(TORCH_DTYPES)}")
+    return TORCH_DTYPES[dtype]
 
 
 def _parse_device(device: str) -> torch.device:

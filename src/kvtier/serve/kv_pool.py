@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kvtier.models.loader import TORCH_DTYPES
 from kvtier.storage import BlockLayout, KVGeometry, aligned_buffer
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class KVPool:
