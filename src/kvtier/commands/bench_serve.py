@@ -3,7 +3,7 @@
 The issue's workload (32 requests of 2K-8K tokens, pool a quarter of the demand) takes hours
 on two CPU cores; `--scale` shrinks the prompt lengths by a factor and the output length by the
 same factor down to 32 tokens, keeping the 32 requests (default 1/32: 32 requests of 64-256
-tokens, 32 new tokens each; one engine run of smollm2-135m took 8.4-10.6 minutes on two cores).
+tokens, 32 new tokens each; one engine run of smollm2-135m took 6.6-10.6 minutes on two cores).
 
 `add_parser` takes the sub-command group of `kvtier bench` (it adds `serve` to it).
 """
