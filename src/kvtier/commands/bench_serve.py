@@ -1,9 +1,13 @@
 """`kvtier bench serve`: the HiFC swap-path benchmark; writes bench/results/serve.json and serve.md.
 
-The issue's workload (32 requests of 2K-8K tokens, pool a quarter of the demand) takes hours
-on two CPU cores; `--scale` shrinks the prompt lengths by a factor and the output length by the
-same factor down to 32 tokens, keeping the 32 requests (default 1/32: 32 requests of 64-256
-tokens, 32 new tokens each; one engine run of smollm2-135m took 6.6-10.6 minutes on two cores).
+`--scale` shrinks the issue's workload (32 requests of 2K-8K tokens, 128 new tokens, pool a
+quarter of the demand): prompt lengths by the factor, the output length by the same factor down
+to 32 tokens, keeping the 32 requests (default 1/32: 32 requests of 64-256 tokens, 32 new tokens
+each; one engine run of smollm2-135m took 17-20 s on the 2-core VM at full speed, 6.6-10.6 min
+while it was throttled). The default is scaled for a second reason, measured: at `--scale 1`
+the flash run took 704 s and swapped nothing (0 swap-outs), because admission stops when the
+next 2K-8K prompt does not fit and the room it leaves covers the running sequences' 128-token
+growth; with short prompts and >= 32 new tokens, growth outruns the pool and forces swapping.
 
 `add_parser` takes the sub-command group of `kvtier bench` (it adds `serve` to it).
 """
