@@ -129,3 +129,10 @@ def test_every_block_is_aligned_disjoint_and_inside_the_file(layout):
     assert offsets[0] >= layout.data_offset
     assert all(later - earlier >= layout.block_bytes for earlier, later in zip(offsets, offsets[1:]))
     assert offsets[-1] + layout.block_bytes <= layout.file_bytes
+
+
+def test_payload_span_starts_on_a_page_and_covers_one_payload():
+    layout = BlockLayout(KVGeometry(2, 3, 40, "float32"), block_tokens=16, num_blocks=4)  # 7680 B payload, 8 KiB stride
+    span = layout.payload_span(3)
+    assert span.start == 3 * layout.block_stride and span.start % PAGE == 0
+    assert span.stop - span.start == layout.block_bytes < layout.block_stride

@@ -66,12 +66,11 @@ class DramSwap(SwapBackend):
         gather(futures).result()
 
     def _copy_layer(self, layer: int, blocks: list[int], slots: list[int], to_host: bool) -> None:
-        stride, payload = self.pool.layout.block_stride, self.pool.layout.block_bytes
         for kind in (0, 1):
             host = self.host[layer][kind]
             for block, slot in zip(blocks, slots):
                 device_bytes = self.pool.block_bytes(layer, kind, block)
-                slot_bytes = host[slot * stride:slot * stride + payload]
+                slot_bytes = host[self.pool.layout.payload_span(slot)]
                 if to_host:
                     slot_bytes[:] = device_bytes
                 else:

@@ -13,9 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvtier.models.loader import TORCH_DTYPES
 from kvtier.storage import BlockLayout, KVGeometry, aligned_buffer
-
 
 
 class KVPool:
@@ -26,7 +24,7 @@ class KVPool:
         self.geometry = geometry
         self.layout = BlockLayout(geometry, block_tokens, num_blocks)
         self.device = torch.device(device)
-        self.dtype = TORCH_DTYPES[geometry.dtype]
+        self.dtype = getattr(torch, geometry.dtype)  # KVGeometry dtype names are torch names
         self.num_blocks = num_blocks
         self.block_tokens = block_tokens
         # raw[layer][kind]: uint8 bytes of the whole pool; blocks[layer][kind]: the tensor view of it.
@@ -49,9 +47,7 @@ class KVPool:
         A numpy uint8 array for a CPU pool (what the storage layer's I/O takes), a uint8
         tensor for a device pool.
         """
-        start = block * self.layout.block_stride
-        raw = self._raw[layer][kind]
-        return raw[start:start + self.layout.block_bytes]
+        return self._raw[layer][kind][self.layout.payload_span(block)]
 
     def _backing(self) -> np.ndarray | torch.Tensor:
         nbytes = self.num_blocks * self.layout.block_stride

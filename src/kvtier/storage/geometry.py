@@ -118,6 +118,11 @@ class BlockLayout:
         """Distance between consecutive blocks: the payload padded so every block starts on a page."""
         return round_up(self.block_bytes, PAGE)
 
+    def payload_span(self, index: int) -> slice:
+        """Bytes of block (or swap slot) `index` in a buffer of blocks laid `block_stride` apart."""
+        start = index * self.block_stride
+        return slice(start, start + self.block_bytes)
+
     @property
     def layer_bytes(self) -> int:
         return 2 * self.num_blocks * self.block_stride
