@@ -52,6 +52,14 @@ def test_writes_json_and_markdown_then_skips_finished_cells(tiny_model_dir, tmp_
     assert "9 cells, 9 already finished" in capsys.readouterr().err
 
 
+def test_markdown_shows_the_cells_of_earlier_grids_too(tiny_model_dir, tmp_path, capsys):
+    (tmp_path / "kv").mkdir()
+    assert _bench(tiny_model_dir, tmp_path, "--modes", "dense") == 0
+    assert _bench(tiny_model_dir, tmp_path, "--modes", "dense", "--contexts", "320", "--ppl-tokens", "2") == 0
+    markdown = (tmp_path / "out" / f"accuracy-{tiny_model_dir.name}.md").read_text()
+    assert "| dense | 256 | 3 |" in markdown and "| dense | 320 | 2 |" in markdown  # both runs, each with its steps
+
+
 def test_unknown_mode_is_a_one_line_error(tiny_model_dir, tmp_path, capsys):
     line = _one_line_error(capsys, _bench(tiny_model_dir, tmp_path, "--modes", "dense,turbo"))
     assert "unknown KV mode turbo" in line and "dense" in line

@@ -7,7 +7,7 @@ from kvtier.cli import main
 from kvtier.commands.bench_report import appendices
 
 SPARSE_RESULT = {"model": "tiny", "context": 256, "batch": 1, "alpha": 0.2, "score_bits": 8, "host_budget_bytes": 4096,
-                 "prompt_kv_bytes": 8192, "new_tokens": 2, "modes": {}, "recall": {}}
+                 "prompt_kv_bytes": 8192, "new_tokens": 2, "torch_threads": 1, "modes": {}, "recall": {}}
 
 
 def _error(capsys, *argv) -> str:

@@ -5,7 +5,12 @@ Mechanics only: no assertion here is about speed.
 
 import json
 
+import pytest
+import torch
+
 from kvtier.cli import main
+from kvtier.commands.bench_sparse import selection_recall, write_results
+from kvtier.models.loader import load_model
 
 
 def _bench(model_dir, tmp_path, *extra):
@@ -18,11 +23,12 @@ def test_sparse_and_offload_side_by_side(tiny_model_dir, tmp_path, capsys):
     assert _bench(tiny_model_dir, tmp_path) == 0
     stem = tmp_path / "out" / f"sparse-{tiny_model_dir.name}-320-b2"
     result = json.loads(stem.with_suffix(".json").read_text())
-    assert set(result["modes"]) == {"offload", "sparse-hit", "sparse-naive"}
+    assert set(result["modes"]) == {"dense", "offload", "sparse-hit", "sparse-naive"}
+    assert result["modes"]["dense"]["disk_read_bytes_per_step"] == 0  # the reference keeps everything in memory
     assert result["machine"]["cpu_cores"] >= 1 and result["machine"]["disk"]
     offload, sparse = result["modes"]["offload"], result["modes"]["sparse-hit"]
-    for row in result["modes"].values():
-        assert len(row["step_ms"]) == 3 and row["disk_read_bytes_per_step"] > 0
+    for mode, row in result["modes"].items():
+        assert len(row["step_ms"]) == 3 and (mode == "dense" or row["disk_read_bytes_per_step"] > 0)
     # No byte comparison here: the tiny model's 256-byte records put 16 tokens in a page, so a fifth of the
     # tokens touches most pages; the saving is measured on real models by the benchmark itself.
     assert offload["direct"] == sparse["direct"] and sparse["cold_pages_read_per_step"] > 0
@@ -34,6 +40,8 @@ def test_sparse_and_offload_side_by_side(tiny_model_dir, tmp_path, capsys):
     assert 0 < result["recall"]["edge_mass"]["recent=64"] <= result["recall"]["edge_mass"]["recent=256"] <= 1
     text = stem.with_suffix(".md").read_text()
     assert "x the decode speed of offload (medians)" in text and "| sum-int8 |" in text
+    assert "what removing all KV I/O gains on this machine" in text
+    assert result["torch_threads"]["decode"]["sparse"] == 1 and "decode sparse 1" in text
     assert "sparse-hit" in capsys.readouterr().err  # progress bars name the run
 
 
@@ -42,3 +50,25 @@ def test_unwritable_results_directory_is_a_one_line_error(tiny_model_dir, tmp_pa
     assert _bench(tiny_model_dir, tmp_path) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("kvtier: error: results directory") and "Traceback" not in "\n".join(err)
+
+
+def test_recall_is_the_same_whether_the_prompt_is_fed_whole_or_in_chunks(tiny_model_dir):
+    """The capture must keep the causal mask: without it, chunks after the first attended only to themselves."""
+    model = load_model(str(tiny_model_dir)).model
+    ids = torch.randint(0, model.config.vocab_size, (1, 200), generator=torch.Generator().manual_seed(0))
+    whole = selection_recall(model, ids, 0.2, prefill_chunk=1000)
+    chunked = selection_recall(model, ids, 0.2, prefill_chunk=64)
+    assert whole.keys() == chunked.keys()
+    for name in whole:
+        if name != "edge_mass":
+            assert chunked[name]["recall"] == pytest.approx(whole[name]["recall"], abs=1e-6)
+    assert chunked["edge_mass"] == pytest.approx(whole["edge_mass"], abs=1e-5)
+
+
+def test_result_files_keep_a_dotted_model_name_whole(tmp_path):
+    result = {"model": "qwen2.5-0.5b", "context": 256, "batch": 1, "alpha": 0.2, "score_bits": 8,
+              "host_budget_bytes": 4096, "prompt_kv_bytes": 8192, "new_tokens": 2, "torch_threads": 1, "modes": {},
+              "recall": {}}
+    write_results(result, tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["sparse-qwen2.5-0.5b-256-b1.json",
+                                                                "sparse-qwen2.5-0.5b-256-b1.md"]

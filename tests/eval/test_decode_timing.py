@@ -2,6 +2,8 @@
 
 import torch
 
+from transformers import DynamicCache
+
 from kvtier.eval.decode_timing import measure_decode
 from kvtier.kv.factory import KVConfig, close_cache, make_cache
 
@@ -21,3 +23,30 @@ def test_times_every_step_and_counts_disk_bytes(tiny_llm, tmp_path, capsys):
     assert len(measured["token_ids"]) == 2 and len(measured["token_ids"][0]) == 1 + 4  # warm-up + timed steps
     assert measured["disk_read_bytes_per_step"] > 0  # every offload step reads the whole stored KV
     assert "offload" in capsys.readouterr().err  # the progress bar names the run
+
+
+class _ThreadSpy(DynamicCache):
+    """A dense cache that notes torch's thread count at every forward pass (prompt chunks and steps)."""
+
+    def __init__(self, config):
+        super().__init__(config=config)
+        self.threads = []
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if layer_idx == 0:
+            self.threads.append((key_states.shape[2], torch.get_num_threads()))
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def test_decode_threads_apply_to_the_steps_only_and_are_restored(tiny_llm):
+    model = tiny_llm.model
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cache = _ThreadSpy(model.config)
+        measure_decode(model, cache, torch.randint(0, model.config.vocab_size, (1, 40)), new_tokens=2,
+                       prefill_chunk=32, decode_threads=1)
+        assert cache.threads == [(32, 2), (8, 2), (1, 1), (1, 1), (1, 1)]  # two prompt chunks, warm-up, 2 steps
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

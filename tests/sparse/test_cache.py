@@ -121,7 +121,8 @@ def test_a_scorer_crash_inside_a_request_changes_nothing(tiny_llama, tmp_path):
         reference = _run(tiny_llama, reference_cache, ids, 3)
     finally:
         close_cache(reference_cache)
-    cache = _sparse(tiny_llama, tmp_path, 310, alpha=0.3, crash_scorer_after_blocks=7)
+    cache = _sparse(tiny_llama, tmp_path, 310, alpha=0.3, crash_scorer_after_blocks=7,
+                    score_block_tokens=64)  # several blocks per layer: the crash lands mid-layer
     try:
         faulty = _run(tiny_llama, cache, ids, 3)
         assert cache.runtime.scorer.host_scored_requests == 1

@@ -36,3 +36,12 @@ def test_a_damaged_record_is_reported(cold):
     cold.kv.write_records(0, 0, [1], np.zeros((1, cold.kv.layout.record_bytes), dtype=np.uint8))
     with pytest.raises(ChecksumError, match="slot 1"):
         cold.fetch(0, 0, np.array([1]))
+
+
+def test_fetch_many_returns_each_sequences_tokens(cold):
+    keys, values = torch.randn(2, 2, 10, 32), torch.randn(2, 2, 10, 32)
+    cold.append(0, keys, values, np.arange(10)[None, :].repeat(2, axis=0))
+    slots = [np.array([9, 1]), np.array([4])]
+    for seq, (got_keys, got_values, _) in enumerate(cold.fetch_many(0, slots)):
+        torch.testing.assert_close(got_keys, keys[seq][:, slots[seq]])
+        torch.testing.assert_close(got_values, values[seq][:, slots[seq]])

@@ -77,3 +77,18 @@ def test_scattered_fetch_reads_a_lone_gap_page_once(tmp_path):
         moved = file.io.stats.minus(before)
         # pages 0-2 in one read (page 1 bridged), 9 and 12 alone (their gaps are two pages)
         assert pages == 5 and moved.read_calls == 3 and moved.bytes_read == 5 * PAGE
+
+
+def test_read_many_reads_every_region_in_one_parallel_read(tmp_path):
+    layout = RecordLayout(record_bytes=1536, layers=2, batch=3, slots=64)
+    with _open_pool(tmp_path, layout) as file:
+        data = {seq: _records(64, 1536, 10 + seq) for seq in range(3)}
+        for seq, records in data.items():
+            file.write_records(1, seq, np.arange(64), records)
+        requests = [(2, np.array([40, 3])), (0, np.array([], dtype=np.int64)), (1, np.array([2]))]
+        before = file.io.stats.snapshot()
+        results = file.read_many(1, requests)
+        for (seq, slots), (got, pages) in zip(requests, results):
+            np.testing.assert_array_equal(got, data[seq][slots])
+        assert [pages for _, pages in results] == [2, 0, 2]  # slot 2 spans pages 0-1
+        assert file.io.stats.minus(before).bytes_read == 4 * PAGE

@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         result = run_cell(llm, cell, corpus.text, shares, **options)
         store.put(cell.key, result)
         tqdm.write(_cell_line(cell, result), file=sys.stderr)
-    report = markdown(store.data, [store.get(cell.key) for cell in cells])
+    report = markdown(store.data, list(store.cells().values()))  # every finished cell, this run's and earlier ones
     markdown_path = store.path.with_suffix(".md")
     _write_text(markdown_path, report)
     print(report)
@@ -297,7 +297,7 @@ def markdown(data: dict, results: list[dict]) -> str:
     if needles:
         lines += _needle_tables(needle_summary(needles), needles)
     if perplexities:
-        lines += _perplexity_table(perplexity_summary(perplexities), perplexities[0]["tokens"])
+        lines += _perplexity_table(perplexity_summary(perplexities), perplexities)
     return "\n".join(lines) + "\n"
 
 
@@ -325,12 +325,13 @@ def _needle_tables(summary: dict, cells: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def _perplexity_table(summary: dict, tokens: int) -> list[str]:
-    lines = [f"## Perplexity and attention-mass recall ({tokens} teacher-forced decode steps)", "",
-             "| mode | context | ppl | ppl - dense ppl | attention-mass recall |", "|---|---|---|---|---|"]
+def _perplexity_table(summary: dict, cells: list[dict]) -> list[str]:
+    steps = {(cell["mode"], cell["context"]): cell["tokens"] for cell in cells}  # runs may differ (--ppl-tokens)
+    lines = ["## Perplexity and attention-mass recall (teacher-forced decode steps)", "",
+             "| mode | context | steps | ppl | ppl - dense ppl | attention-mass recall |", "|---|---|---|---|---|---|"]
     for mode, by_context in summary.items():
         for context, row in by_context.items():
-            cells = (spread_text(row["ppl"], ".3f"), spread_text(row["ppl_delta"], "+.3f"),
-                     spread_text(row["attention_mass_recall"], ".4f"))
-            lines.append(f"| {mode} | {context} | {' | '.join(cells)} |")
+            values = (spread_text(row["ppl"], ".3f"), spread_text(row["ppl_delta"], "+.3f"),
+                      spread_text(row["attention_mass_recall"], ".4f"))
+            lines.append(f"| {mode} | {context} | {steps[mode, context]} | {' | '.join(values)} |")
     return lines + ["", "Values are medians [min, max] over seeds (n = seeds)."]

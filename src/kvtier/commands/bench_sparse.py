@@ -10,6 +10,11 @@ cold selection rate, K/V pages read per step, migrations and ping-pong rate
 round-trip time; and the recall of the selected set against exact top-k for
 sum/max head aggregation at full precision, INT8 and INT4.
 
+A `dense` row (every token in memory, full attention) shows what removing all KV I/O gains over
+offload on the machine: the room a tiered mode has. Prefill runs on every core; decode on one
+torch thread for the sparse path, whose scorer process holds the other core, and on every core
+for dense and offload (kvtier.eval.threads).
+
 Cold reads are honest: the sparse cold pool and the offload KV file are read
 with O_DIRECT (the result says so; on a filesystem without O_DIRECT the
 files are read buffered and the result records `direct: false`).
@@ -25,16 +30,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AttentionInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvtier.commands.bench_options import check_writable, storage_directory
 from kvtier.commands.kv_options import add_model_option
 from kvtier.data.corpus import CORPUS_NAMES, load_corpus
+from kvtier.eval.attention_mass import DenseAttentionProbe
 from kvtier.eval.budgets import BudgetShares, budget_bytes, kv_bytes_per_token
-from kvtier.eval.decode_timing import measure_decode
+from kvtier.eval.decode_timing import measure_decode, prefill
 from kvtier.eval.record import machine_info
+from kvtier.eval.threads import decode_threads, describe_threads, machine_threads, thread_settings
 from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache
+from kvtier.kv.offload import OffloadCache
 from kvtier.models.loader import load_model
 from kvtier.sparse.cache import SparseCache, make_sparse_cache
 from kvtier.sparse.planner import load_or_calibrate
@@ -55,6 +61,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--host-share", type=float, default=0.4, help="host budget as a share of the prompt's KV")
     parser.add_argument("--policies", default="hit,naive", help="migration policies to run the sparse path with")
     parser.add_argument("--skip-offload", action="store_true")
+    parser.add_argument("--skip-dense", action="store_true", help="skip the dense reference row (all KV in memory)")
     parser.add_argument("--corpus", choices=("auto", *CORPUS_NAMES), default="auto", help="text for prompts")
     parser.add_argument("--storage-dir", default=None)
     parser.add_argument("--prefill-chunk", type=int, default=1024)
@@ -64,7 +71,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(1)  # the scorer process needs the other core; torch's spinning pool starves it
+    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.eval.threads)
     check_writable(args.out)
     storage_dir = str(storage_directory(args.storage_dir))
     llm = load_model(args.model)
@@ -75,13 +82,16 @@ def run(args: argparse.Namespace) -> int:
     device_budget, host_budget = budget_bytes(model, args.context, BudgetShares(host=args.host_share), args.batch)
     result = {"model": llm.name, "context": args.context, "batch": args.batch, "new_tokens": args.new_tokens,
               "alpha": args.alpha, "score_bits": args.score_bits, "prompt_kv_bytes": kv_bytes,
-              "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": 1,
+              "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": thread_settings(),
               "machine": machine_info(storage_dir), "modes": {}}
     if args.recalibrate:
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         result["calibration"] = vars(load_or_calibrate(storage_dir, heads, head_dim, model.dtype, args.score_bits,
                                                        "sum", refresh=True))
+    if not args.skip_dense:  # what removing all KV I/O gains over offload on this machine
+        result["modes"]["dense"] = _measure(model, make_cache(model, KVConfig(), ids.shape[1] + args.new_tokens + 1,
+                                                              args.batch), ids, args, "dense")
     if not args.skip_offload:
         offload = KVConfig(kv="offload", device_kv_budget=device_budget, host_kv_budget=host_budget,
                            storage_dir=storage_dir)
@@ -93,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
         cache = make_sparse_cache(model, settings, ids.shape[1] + args.new_tokens + 1, args.batch, storage_dir,
                                   device_budget, host_budget, tiered)
         result["modes"][f"sparse-{policy}"] = _measure(model, cache, ids, args, f"sparse-{policy}")
-    result["recall"] = _recall(model, ids[:1], args.alpha)
-    _write(result, args.out)
+    result["recall"] = selection_recall(model, ids[:1], args.alpha, args.prefill_chunk)
+    write_results(result, args.out)
     return 0
 
 
@@ -110,11 +120,12 @@ def _prompt(llm, tokens: int, batch: int, corpus: str) -> torch.Tensor:
 def _measure(model, cache, ids: torch.Tensor, args: argparse.Namespace, label: str) -> dict:
     """Prefill, one untimed step (the sparse cache places its tiers), then `new_tokens` timed greedy steps."""
     try:
-        measured = measure_decode(model, cache, ids, args.new_tokens, args.prefill_chunk, label=label)
+        measured = measure_decode(model, cache, ids, args.new_tokens, args.prefill_chunk, label=label,
+                                  decode_threads=decode_threads(label))
         measured.pop("token_ids")
         if isinstance(cache, SparseCache):
             measured |= _sparse_details(cache)
-        else:
+        elif isinstance(cache, OffloadCache):
             measured["direct"] = cache.store.file.direct
         return measured
     finally:
@@ -142,26 +153,14 @@ def _sparse_details(cache: SparseCache) -> dict:
     }
 
 
-def _recall(model, ids: torch.Tensor, alpha: float) -> dict:
+def selection_recall(model, ids: torch.Tensor, alpha: float, prefill_chunk: int) -> dict:
     """Recall of each importance estimate vs exact top-k, averaged over the layers of one decode step."""
-    captured: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = {}
-    inner = model.config._attn_implementation.removeprefix("kvtier_sparse_")
-
-    def capture(module, query, key, value, attention_mask, **kwargs):
-        if query.shape[2] == 1:
-            captured[module.layer_idx] = (query[0, :, 0], key[0], kwargs.get("scaling") or query.shape[-1] ** -0.5)
-        return ALL_ATTENTION_FUNCTIONS[inner](module, query, key, value, attention_mask, **kwargs)
-
-    AttentionInterface.register("kvtier_capture", capture)
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("kvtier_capture")
-    try:
-        with torch.inference_mode():
-            cache = make_cache(model, KVConfig(), ids.shape[1] + 1)
-            logits = model(input_ids=ids, cache=cache, logits_to_keep=1).logits[:, -1]
+    with DenseAttentionProbe(model) as probe, torch.inference_mode():  # registers the mask function too:
+        cache = make_cache(model, KVConfig(), ids.shape[1] + 1)       # chunked prefill needs the causal mask
+        logits = prefill(model, cache, ids, prefill_chunk)
+        with probe.capturing():
             model(input_ids=logits.argmax(-1, keepdim=True), cache=cache)
-    finally:
-        model.set_attn_implementation(previous)
+    captured = {layer: (query[0, :, 0], keys[0], scaling) for layer, (query, keys, scaling) in probe.captured.items()}
     table: dict[str, list[tuple[float, float]]] = {}
     for query, keys, scaling in captured.values():
         mass = exact_mass(query, keys, scaling)
@@ -181,20 +180,21 @@ def _edge_mass(masses: list[np.ndarray]) -> dict[str, float]:
     return shares | {f"recent={n}": float(np.mean([edge_mass(m, 0, n) for m in masses])) for n in sizes["recent"]}
 
 
-def _write(result: dict, out: Path) -> None:
+def write_results(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"sparse-{result['model']}-{result['context']}-b{result['batch']}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
+    stem = f"sparse-{result['model']}-{result['context']}-b{result['batch']}"  # names may hold dots: qwen2.5-0.5b
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))
-    print(f"wrote {stem}.json and {stem}.md")
+    print(f"wrote {out / stem}.json and {out / stem}.md")
 
 
 def markdown(result: dict) -> str:
     lines = [f"# sparse vs offload: {result['model']}, {result['context']} tokens x {result['batch']}",
              "", f"alpha {result['alpha']}, INT{result['score_bits']} sketches, host budget "
              f"{format_size(result['host_budget_bytes'])} of {format_size(result['prompt_kv_bytes'])} prompt KV, "
-             f"{result['new_tokens']} timed decode steps per mode (median, mean), torch threads 1", "",
+             f"{result['new_tokens']} timed decode steps per mode (median, mean), torch threads: "
+             f"{describe_threads(result['torch_threads'])}", "",
              "| mode | median ms/step | mean ms/step | disk read/step | O_DIRECT | cold sel. rate | pages/step | "
              "ping-pong rate | score / fetch / attention / migrate / rest ms |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -203,12 +203,16 @@ def markdown(result: dict) -> str:
         breakdown = " / ".join(f"{value:.1f}" for value in parts.values()) if parts else "-"
         lines.append(f"| {mode} | {row['median_step_ms']:.1f} | {row['ms_per_token']:.1f} | "
                      f"{format_size(int(row['disk_read_bytes_per_step']))} | "
-                     f"{row['direct']} | {row.get('cold_selection_rate', float('nan')):.3f} | "
+                     f"{row.get('direct', '-')} | {row.get('cold_selection_rate', float('nan')):.3f} | "
                      f"{row.get('cold_pages_read_per_step', float('nan')):.0f} | {row.get('ping_pong_rate', float('nan')):.3f} | "
                      f"{breakdown} |")
-    offload = result["modes"].get("offload")
+    offload, dense = result["modes"].get("offload"), result["modes"].get("dense")
+    if offload and dense:
+        lines.append(f"\ndense (every token in memory, full attention) decodes at "
+                     f"{offload['median_step_ms'] / dense['median_step_ms']:.2f}x offload's speed: what removing all KV "
+                     "I/O gains on this machine (a sparse mode adds only what attending fewer tokens saves)")
     for mode, row in result["modes"].items():
-        if offload and mode != "offload":
+        if offload and mode.startswith("sparse"):
             lines.append(f"\n{mode}: {offload['median_step_ms'] / row['median_step_ms']:.2f}x the decode speed of offload (medians), "
                          f"{row['disk_read_bytes_per_step'] / max(offload['disk_read_bytes_per_step'], 1):.1%} of its "
                          f"disk bytes per step; scorer round trip {row['scorer_round_trip_us']:.0f} us; "

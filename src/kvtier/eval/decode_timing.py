@@ -19,32 +19,36 @@ from kvtier.kv.factory import disk_bytes
 
 
 def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chunk: int = 1024,
-                   warmup_steps: int = 1, label: str | None = None) -> dict:
+                   warmup_steps: int = 1, label: str | None = None, decode_threads: int | None = None) -> dict:
     """Prefill `ids` [B, N], run `warmup_steps` untimed steps (the sparse cache places its tiers
     on the first), then `new_tokens` timed steps. Returns timings, disk bytes per step and the
     generated token ids [B, warmup + new_tokens]. With a `label`, a progress bar of forward
-    passes goes to stderr."""
+    passes goes to stderr. `decode_threads` sets torch's threads for the decode steps only
+    (kvtier.eval.threads); prefill runs on the threads set when called."""
     prefill_passes = -(-ids.shape[1] // prefill_chunk)
     bar = tqdm(total=prefill_passes + warmup_steps + new_tokens, desc=label, unit="pass", file=sys.stderr,
                leave=False, disable=label is None)
+    threads = torch.get_num_threads()
     with torch.inference_mode(), bar:
         started = time.perf_counter()
-        for start in range(0, ids.shape[1], prefill_chunk):
-            logits = model(input_ids=ids[:, start : start + prefill_chunk], cache=cache, logits_to_keep=1).logits[:, -1]
-            bar.update()
+        logits = prefill(model, cache, ids, prefill_chunk, bar.update)
         prefill_s = time.perf_counter() - started
-        tokens = []
-        for _ in range(warmup_steps):
-            logits = _step(model, cache, logits, tokens)
-            bar.update()
-        before = disk_bytes(cache)
-        step_s = []
-        for _ in range(new_tokens):
-            started = time.perf_counter()
-            logits = _step(model, cache, logits, tokens)
-            step_s.append(time.perf_counter() - started)
-            bar.update()
-        after = disk_bytes(cache)
+        torch.set_num_threads(decode_threads or threads)
+        try:
+            tokens = []
+            for _ in range(warmup_steps):
+                logits = _step(model, cache, logits, tokens)
+                bar.update()
+            before = disk_bytes(cache)
+            step_s = []
+            for _ in range(new_tokens):
+                started = time.perf_counter()
+                logits = _step(model, cache, logits, tokens)
+                step_s.append(time.perf_counter() - started)
+                bar.update()
+            after = disk_bytes(cache)
+        finally:
+            torch.set_num_threads(threads)
     decode_s = sum(step_s)
     return {
         "prefill_s": prefill_s,
@@ -56,6 +60,14 @@ def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chu
         "disk_written_bytes_per_step": (after[1] - before[1]) / max(new_tokens, 1),
         "token_ids": torch.cat(tokens, dim=1).tolist() if tokens else [],
     }
+
+
+def prefill(model, cache, ids: torch.Tensor, chunk: int, on_chunk=lambda: None) -> torch.Tensor:
+    """Feed the prompt `chunk` tokens per forward pass (bounds the attention's memory); last logits [B, vocab]."""
+    for start in range(0, ids.shape[1], chunk):
+        logits = model(input_ids=ids[:, start : start + chunk], cache=cache, logits_to_keep=1).logits[:, -1]
+        on_chunk()
+    return logits
 
 
 def _step(model, cache, logits: torch.Tensor, tokens: list[torch.Tensor]) -> torch.Tensor:

@@ -24,6 +24,7 @@ from kvtier.eval.decode_timing import measure_decode
 from kvtier.eval.latency_grid import Cell
 from kvtier.eval.needle_grid import needle_cell
 from kvtier.eval.record import spread
+from kvtier.eval.threads import decode_threads, thread_settings
 from kvtier.eval.traffic import cache_bypass, sparse_details, step_traffic
 from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache, tier_bytes
 from kvtier.sparse.cache import SparseCache, make_sparse_cache
@@ -51,7 +52,7 @@ class RunOptions:
         sparse = KVConfig()
         return {"device_share": self.device_share, "block_tokens": self.block_tokens, "io_threads": self.io_threads,
                 "prefill_chunk": self.prefill_chunk, "warmup_steps": WARMUP_STEPS,
-                "torch_threads": torch.get_num_threads(), "score_bits": sparse.score_bits, "sink": sparse.sink,
+                "torch_threads": thread_settings(), "score_bits": sparse.score_bits, "sink": sparse.sink,
                 "recent": sparse.recent}
 
 
@@ -99,7 +100,7 @@ def build_cache(model, cell: Cell, kv_config: KVConfig, max_tokens: int, model_i
     config = model.config.get_text_config(decoder=True)
     return make_sparse_cache(model, settings, max_tokens, cell.batch, kv_config.storage_dir,
                              parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget),
-                             full_attention_layers(config), kv_config.block_tokens, kv_config.io_threads)
+                             full_attention_layers(config), kv_config.io_threads)
 
 
 def measure_once(llm, cell: Cell, kv_config: KVConfig, ids: torch.Tensor, options: RunOptions) -> dict:
@@ -107,7 +108,8 @@ def measure_once(llm, cell: Cell, kv_config: KVConfig, ids: torch.Tensor, option
     max_tokens = ids.shape[1] + WARMUP_STEPS + cell.new_tokens + 1
     cache = build_cache(llm.model, cell, kv_config, max_tokens, llm.model_id)
     try:
-        measured = measure_decode(llm.model, cache, ids, cell.new_tokens, options.prefill_chunk, WARMUP_STEPS)
+        measured = measure_decode(llm.model, cache, ids, cell.new_tokens, options.prefill_chunk, WARMUP_STEPS,
+                                  decode_threads=decode_threads(cell.mode))
         run = {name: measured[name] for name in TIMED if name in measured}
         run["latency_s"] = measured["prefill_s"] + measured["decode_s"]
         run["tokens_per_s"] = cell.batch * cell.new_tokens / max(measured["decode_s"], 1e-9)

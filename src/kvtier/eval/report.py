@@ -24,6 +24,7 @@ from kvtier.eval.needle_grid import needle_summary
 from kvtier.eval.perplexity import perplexity_summary
 from kvtier.eval.report_plots import Series, bar_plot, line_plot, pyplot, scatter_plot, stacked_bars
 from kvtier.eval.report_text import spread_text, tally_text
+from kvtier.eval.threads import describe_threads
 from kvtier.eval.traffic import DIRECTIONS
 from kvtier.kv.factory import KV_MODES
 from kvtier.units import format_size
@@ -134,7 +135,7 @@ def settings_text(settings: dict, cells: list[dict]) -> str:
             f"{format_size(budgets['host_kv_budget'])} host and {format_size(budgets['device_kv_budget'])} device for "
             f"{params['batch']} x {params['context']} "
             f"tokens ({format_size(budgets['prompt_kv_bytes'])} of KV); alpha {settings['alpha']}; torch threads "
-            f"{settings['torch_threads']}; corpus {settings['corpus']['name']}; KV file cache bypass: "
+            f"{describe_threads(settings['torch_threads'])}; corpus {settings['corpus']['name']}; KV file cache bypass: "
             f"{'; '.join(bypass)}.")
 
 

@@ -89,7 +89,7 @@ def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_siz
     return make_sparse_cache(
         model, kv_config.sparse_settings(), max_tokens, batch_size, str(_storage_directory(kv_config.storage_dir)),
         parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget), full_attention_layers(config),
-        kv_config.block_tokens, kv_config.io_threads,
+        kv_config.io_threads,
     )
 
 

@@ -59,6 +59,14 @@ Decisions and why:
   16/64/256/1024 tokens hold 36.9/50.8/56.9/67.2%. Defaults sink 4 (free
   insurance for models with more than one sink token) and recent 64 (the knee:
   256 costs 4x the device tokens for 6 more points).
+- Score blocks are 1024 tokens (SparseSettings.score_block_tokens): each block
+  is one numpy call in the scorer, and blocks of 64 made the call overhead
+  cost more than the inner products (2.6 vs 1.0 ms per 4800 INT8 sketches).
+- A layer's selected tokens are copied once, straight into the attended K/V
+  in position order, and the cold reads of all sequences are in flight
+  together. Both measured with `kvtier bench sparse --context 8000` (full-speed
+  VM): the sparse step went from 381 to 254 ms (fetch 130 -> 94 ms, attention
+  25 -> 12 ms, scoring 136 -> 72 ms with the larger score blocks).
 - Prefill attention is dense (the model's own); its K/V accumulate in host
   memory until the first decode step distributes them. The prompt KV must
   therefore fit in host memory once during prefill.

@@ -39,7 +39,7 @@ class SparseRuntime:
 
     def __init__(self, settings: SparseSettings, max_tokens: int, batch: int, heads: int, q_heads: int,
                  head_dim: int, dtype: torch.dtype, tiered: int, storage_dir: str, max_hot_tokens: int,
-                 block_tokens: int, io_threads: int) -> None:
+                 io_threads: int) -> None:
         self.settings = settings
         self.max_tokens = max_tokens
         self.max_hot_tokens = max_hot_tokens
@@ -60,7 +60,7 @@ class SparseRuntime:
             self.cold = ColdPool(storage_dir, tiered, batch, max_tokens, heads, head_dim, dtype, self.fmt, self.io,
                                  self.channel)
             self.scorer = ScorerClient(self.channel, self.cold.sketches.path, self.cold.sketches.layout, self.fmt,
-                                       settings.aggregation, block_tokens, settings.scorer_io_threads,
+                                       settings.aggregation, settings.score_block_tokens, settings.scorer_io_threads,
                                        settings.scorer_memory_budget,
                                        crash_after_blocks=settings.crash_scorer_after_blocks)
         except BaseException:
@@ -164,7 +164,7 @@ class SparseCache(Cache):
 
 
 def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_size: int, storage_dir: str,
-                      device_budget: int, host_budget: int, tiered_layers: list[int], block_tokens: int = 64,
+                      device_budget: int, host_budget: int, tiered_layers: list[int],
                       io_threads: int = 8) -> SparseCache:
     """A SparseCache for up to `max_tokens` tokens per sequence of `model`."""
     settings = settings.validated()
@@ -181,7 +181,7 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
     max_hot = max(0, host_budget // per_token - settings.demote_batch)
     attention.install(model)
     runtime = SparseRuntime(settings, max_tokens, batch_size, heads, config.num_attention_heads, head_dim,
-                            model.dtype, len(tiered_layers), storage_dir, max_hot, block_tokens, io_threads)
+                            model.dtype, len(tiered_layers), storage_dir, max_hot, io_threads)
     layers = []
     for index in range(config.num_hidden_layers):
         if index in tiered_layers:

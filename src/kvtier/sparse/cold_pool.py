@@ -84,7 +84,19 @@ class ColdPool:
 
     def fetch(self, layer: int, seq: int, slots: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Full-precision K/V [heads, n, head_dim] of sequence `seq`'s cold `slots` (checksums verified), pages read."""
-        records, pages = self.kv.read_records(layer, seq, slots)
+        return self.fetch_many(layer, [slots], [seq])[0]
+
+    def fetch_many(self, layer: int, slots_by_seq: list[np.ndarray],
+                   seqs: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """`fetch` for several sequences of one layer (default 0..n-1), all their reads in flight at once."""
+        seqs = list(range(len(slots_by_seq))) if seqs is None else seqs
+        read = self.kv.read_many(layer, list(zip(seqs, slots_by_seq)))
+        return [self._tokens(layer, seq, slots, records, pages)
+                for seq, slots, (records, pages) in zip(seqs, slots_by_seq, read)]
+
+    def _tokens(self, layer: int, seq: int, slots: np.ndarray, records: np.ndarray,
+                pages: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """K/V of records read for `slots`, after checking each against its checksum."""
         for slot, record in zip(slots, records):
             if checksum(record) != self._crc[layer, seq, slot]:
                 raise ChecksumError(f"{self.kv.path}: cold K/V of layer {layer} sequence {seq} slot {slot} does not "

@@ -1,0 +1,38 @@
+"""Torch threads per phase of a measured run: prefill on every core; decode on one where a scorer process runs.
+
+The sparse path's storage scorer is a process of its own that works during decode; on the 2-core
+development VM it needs one core, so `--kv sparse` decodes on one torch thread (torch's spinning
+pool starves the scorer otherwise). Every other mode has no such process and decodes on every core:
+holding a baseline to one thread because our system needs the other core would flatter us
+(`--kv offload`, smollm2-135m at 8K, two alternating runs each: 240 / 237 ms per step on 2 threads,
+265 / 258 ms on 1). Prefill is dense in every mode and runs before the scorer has work: every core.
+"""
+
+from __future__ import annotations
+
+import os
+
+SCORER_MODES = frozenset({"sparse"})  # modes whose decode shares the machine with the storage scorer process
+
+
+def machine_threads() -> int:
+    """Cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def decode_threads(mode: str) -> int:
+    """Torch threads for `mode`'s decode steps (modes may carry a suffix: `sparse-hit`)."""
+    return 1 if mode.split("-")[0] in SCORER_MODES else machine_threads()
+
+
+def thread_settings() -> dict:
+    """What a result records about torch threads."""
+    return {"prefill": machine_threads(),
+            "decode": {**{mode: 1 for mode in sorted(SCORER_MODES)}, "other modes": machine_threads()}}
+
+
+def describe_threads(recorded: dict | int) -> str:
+    """`thread_settings()` as text; an int is a result from before threads were set per phase (one for all)."""
+    if isinstance(recorded, int):
+        return f"{recorded} (prefill and decode, every mode)"
+    return f"prefill {recorded['prefill']}; decode " + ", ".join(f"{mode} {n}" for mode, n in recorded["decode"].items())
