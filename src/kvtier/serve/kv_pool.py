@@ -5,7 +5,9 @@ Each (layer, K|V) pool is one buffer of `num_blocks` blocks, viewed as a tensor
 bytes apart (the payload rounded up to 4 KiB), so every block starts on a page:
 on the CPU the buffer comes from `aligned_buffer`, and a swap-out hands the
 block's own memory to pwritev with O_DIRECT, without a staging copy. On CUDA the
-pool is device memory (moved by the kvikio backend or by explicit copies).
+pool is device memory, served by the DRAM swap backend's device-to-host copies; the
+flash backend refuses it, because the kvikio (GPUDirect Storage) path hifc.txt
+describes is not written: no GPU was available to build and test it on.
 """
 
 from __future__ import annotations
