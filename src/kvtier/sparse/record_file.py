@@ -106,18 +106,17 @@ class RecordFile:
 
         One parallel read instead of one per sequence: a batch's fetch waits for the disk once per layer.
         """
-        plans = [_PagePlan.of(np.asarray(slots, dtype=np.int64), self.layout.record_bytes) for _, slots in requests]
-        buffer = aligned_buffer(max(sum(len(plan.pages) for plan in plans), 1) * PAGE)
-        runs, index = [], 0
-        for (seq, _), plan in zip(requests, plans):
+        plans = [_PagePlan(np.asarray(slots, dtype=np.int64), self.layout.record_bytes) for _, slots in requests]
+        firsts = np.cumsum([0] + [len(plan.pages) for plan in plans])  # each plan's first page in the buffer
+        buffer = aligned_buffer(max(int(firsts[-1]), 1) * PAGE)
+        runs = []
+        for (seq, _), plan, first in zip(requests, plans, firsts):
             base = self.layout.region_offset(layer, seq)
             for span in consecutive_spans(plan.pages.tolist()):
                 runs.append((base + int(plan.pages[span.start]) * PAGE,
-                             [memoryview(buffer[(index + span.start) * PAGE : (index + span.stop) * PAGE])]))
-            plan.first_index = index
-            index += len(plan.pages)
+                             [memoryview(buffer[(first + span.start) * PAGE : (first + span.stop) * PAGE])]))
         self.io.read_runs(self._fd, runs)
-        return [(plan.gather(buffer), len(plan.pages)) for plan in plans]
+        return [(plan.gather(buffer, int(first)), len(plan.pages)) for plan, first in zip(plans, firsts)]
 
     # ----- writing -----
 
@@ -169,27 +168,23 @@ class RecordFile:
 class _PagePlan:
     """The pages holding some records of one region, and where each record lands once they are read."""
 
-    def __init__(self, slots: np.ndarray, record_bytes: int, pages: np.ndarray) -> None:
-        self.slots, self.record_bytes, self.pages = slots, record_bytes, pages
-        self.first_index = 0  # position of pages[0] in the shared read buffer, in pages
+    def __init__(self, slots: np.ndarray, record_bytes: int) -> None:
+        self.slots, self.record_bytes = slots, record_bytes
+        self.first_page = slots * record_bytes // PAGE
+        self.pages = np.empty(0, dtype=np.int64)
+        if slots.size:
+            last_page = ((slots + 1) * record_bytes - 1) // PAGE
+            pages = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(self.first_page, last_page)])) \
+                if record_bytes > PAGE else np.unique(np.concatenate([self.first_page, last_page]))
+            self.pages = bridge_gaps(pages, BRIDGED_GAP_PAGES)
 
-    @classmethod
-    def of(cls, slots: np.ndarray, rec: int) -> _PagePlan:
-        if not slots.size:
-            return cls(slots, rec, np.empty(0, dtype=np.int64))
-        first_page, last_page = slots * rec // PAGE, ((slots + 1) * rec - 1) // PAGE
-        pages = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first_page, last_page)])) \
-            if rec > PAGE else np.unique(np.concatenate([first_page, last_page]))
-        return cls(slots, rec, bridge_gaps(pages, BRIDGED_GAP_PAGES))
-
-    def gather(self, buffer: np.ndarray) -> np.ndarray:
-        """uint8 [len(slots), record_bytes]: the records, cut out of the read pages."""
+    def gather(self, buffer: np.ndarray, first: int) -> np.ndarray:
+        """uint8 [len(slots), record_bytes]: the records, cut out of the pages read into `buffer` from page `first`."""
         rec = self.record_bytes
         if not self.slots.size:
             return np.empty((0, rec), dtype=np.uint8)
-        first_page = self.slots * rec // PAGE
-        page_index = self.first_index + np.searchsorted(self.pages, first_page)
-        starts = page_index * PAGE + (self.slots * rec - first_page * PAGE)
+        page_index = first + np.searchsorted(self.pages, self.first_page)
+        starts = page_index * PAGE + (self.slots * rec - self.first_page * PAGE)
         # Rows of a sliding-window view: one record-sized copy each (a per-byte index array cost 20x more).
         return np.lib.stride_tricks.sliding_window_view(buffer, rec)[starts]
 
