@@ -9,9 +9,11 @@ import torch
 
 from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache
 from kvtier.storage import KVGeometry
+from kvtier.storage.pages import pages_holding
 
 MODES = ("h2o", "infinigen", "leoam")
-BLOCK = 32  # 32 tokens x 128 bytes (K or V of one token and layer in both tiny models) = one 4 KiB page
+TOKEN_BYTES = 128  # K or V of one token and layer in both tiny models
+BLOCK = 32  # 32 tokens x 128 bytes = one 4 KiB page
 BLOCK_BYTES = 4096
 SINK, RECENT = 4, 16
 
@@ -21,11 +23,11 @@ def ids(batch: int, tokens: int, seed: int) -> torch.Tensor:
 
 
 def config(kv: str, tmp_path, model, max_tokens: int, alpha: float = 0.2, batch: int = 1,
-           host_blocks: int = 1) -> KVConfig:
+           host_blocks: int = 1, block: int = BLOCK) -> KVConfig:
     """Device: one block (fits the window); host: the mode's reserve + `host_blocks` blocks a layer; disk: the rest."""
     layers = len(full_attention_layers(model.config))
-    block_bytes = BLOCK * 2 * 128 * layers * batch
-    return KVConfig(kv=kv, alpha=alpha, sink=SINK, recent=RECENT, block_tokens=BLOCK, io_threads=2,
+    block_bytes = block * 2 * TOKEN_BYTES * layers * batch
+    return KVConfig(kv=kv, alpha=alpha, sink=SINK, recent=RECENT, block_tokens=block, io_threads=2,
                     device_kv_budget=block_bytes, storage_dir=str(tmp_path),
                     host_kv_budget=host_blocks * block_bytes + reserved(kv, model, max_tokens, batch))
 
@@ -66,6 +68,7 @@ class Attended:
     tokens: int  # tokens of the layer, the new one included
     stored_tokens: int  # pool tokens on disk
     disk_blocks: int  # disk blocks holding attended tokens, summed over sequences
+    disk_pages: int  # 4 KiB pages holding them (gaps of one page bridged), summed over sequences
     extra: object = None  # what `watch(..., also=)` read off the layer
 
 
@@ -76,9 +79,11 @@ def watch(cache, also: Callable | None = None) -> list[Attended]:
     def record(layer_idx: int, positions: np.ndarray) -> None:
         layer = cache.layers[layer_idx]
         pool, block = positions - layer.sink_tokens, layer.runtime.capacity.block_tokens
-        on_disk = [np.unique(row[(row >= 0) & (row < layer.stored_tokens)] // block) for row in pool]
-        seen.append(Attended(layer_idx, positions.copy(), layer.tokens, layer.stored_tokens,
-                             sum(len(blocks) for blocks in on_disk), also(layer) if also else None))
+        on_disk = [np.unique(row[(row >= 0) & (row < layer.stored_tokens)]) for row in pool]
+        blocks = sum(len(np.unique(tokens // block)) for tokens in on_disk)
+        pages = sum(len(pages_holding(tokens, TOKEN_BYTES)) for tokens in on_disk)
+        seen.append(Attended(layer_idx, positions.copy(), layer.tokens, layer.stored_tokens, blocks, pages,
+                             also(layer) if also else None))
 
     cache.watch_attended(record)
     return seen

@@ -39,11 +39,11 @@ def test_the_prompt_mass_is_every_prompt_querys_attention(tiny_llama, tmp_path, 
         assert (mass[:, 120:] == 0).all()
 
 
-def test_every_step_reads_all_key_blocks_and_only_the_chosen_value_blocks(tiny_llama, tmp_path):
+def test_every_step_reads_all_key_blocks_and_only_the_chosen_values_pages(tiny_llama, tmp_path):
     prompt, batch = ids(2, 250, 9), 2
     _, seen, read, cache = run_watched(tiny_llama, config("h2o", tmp_path, tiny_llama, 254, batch=batch), prompt, 4)
     key_blocks = sum(batch * step.stored_tokens // 32 for step in seen)
-    value_blocks = sum(step.disk_blocks for step in seen)
+    value_pages = sum(step.disk_pages for step in seen)  # one block is one page here
     next_step_prefetch = batch * cache.layers[0].stored_tokens // 32  # the last step prefetched layer 0's keys
-    assert read == (key_blocks + value_blocks + next_step_prefetch) * BLOCK_BYTES
-    assert 0 < value_blocks < key_blocks
+    assert read == (key_blocks + value_pages + next_step_prefetch) * BLOCK_BYTES
+    assert 0 < value_pages < key_blocks

@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from baseline_runs import BLOCK_BYTES, config, greedy, ids, run_watched
+from kvtier.baselines import runtime
 from kvtier.baselines.infinigen import approximate_scores, choose_channels, speculative_query, take_channels
 from kvtier.kv.factory import close_cache, make_cache
+from kvtier.storage import PAGE
 
 
 def test_partial_channels_rank_the_planted_token_first():
@@ -56,11 +58,22 @@ def test_speculation_runs_before_the_previous_layer_and_hooks_go_with_the_cache(
     assert not decoder[0]._forward_pre_hooks
 
 
-def test_only_the_chosen_tokens_blocks_are_read(tiny_llama, tmp_path):
+def test_only_the_chosen_tokens_pages_are_read(tiny_llama, tmp_path):
     prompt = ids(2, 250, 3)
-    kv_config = config("infinigen", tmp_path, tiny_llama, 254, alpha=0.02, batch=2)  # few tokens: few blocks
+    kv_config = config("infinigen", tmp_path, tiny_llama, 254, alpha=0.02, batch=2)  # few tokens: few pages
     _, seen, read, _ = run_watched(tiny_llama, kv_config, prompt, 4)
-    chosen_blocks = sum(step.disk_blocks for step in seen)
-    all_blocks = sum(2 * step.stored_tokens // 32 for step in seen)
-    assert read == 2 * chosen_blocks * BLOCK_BYTES  # K and V of each block holding a chosen token, nothing else
-    assert 0 < chosen_blocks < all_blocks
+    chosen_pages = sum(step.disk_pages for step in seen)
+    all_pages = sum(2 * step.stored_tokens * 128 // PAGE for step in seen)
+    assert read == 2 * chosen_pages * PAGE  # K and V of each page holding a chosen token (or bridging), nothing else
+    assert 0 < chosen_pages < all_pages
+
+
+def test_page_reads_of_multi_page_blocks_read_less_and_give_the_same_logits(tiny_llama, tmp_path, monkeypatch):
+    prompt = ids(1, 250, 5)
+    kv_config = config("infinigen", tmp_path, tiny_llama, 254, alpha=0.05, block=128)  # blocks of 4 pages
+    logits, seen, read, _ = run_watched(tiny_llama, kv_config, prompt, 4)
+    monkeypatch.setattr(runtime, "pages_fill_blocks", lambda geometry, block_tokens: False)  # whole blocks instead
+    block_logits, _, block_read, _ = run_watched(tiny_llama, kv_config, prompt, 4)
+    assert torch.equal(logits, block_logits)
+    pages, blocks = sum(step.disk_pages for step in seen), sum(step.disk_blocks for step in seen)
+    assert read == 2 * pages * PAGE and block_read == 2 * blocks * 4 * PAGE and read < block_read

@@ -2,7 +2,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from kvtier.sparse.record_file import RecordFile, RecordLayout, bridge_gaps
+from kvtier.sparse.record_file import RecordFile, RecordLayout
 from kvtier.storage import PAGE, IOEngine, aligned_buffer
 
 
@@ -57,13 +57,6 @@ def test_read_records_returns_the_order_asked_and_counts_pages(tmp_path):
         prefix = aligned_buffer(layout.prefix_bytes(10))
         file.read_prefix(0, 0, 10, prefix)
         np.testing.assert_array_equal(prefix[: 10 * 1536].reshape(10, 1536), data[:10])
-
-
-def test_bridge_gaps_fills_only_short_gaps():
-    pages = np.array([0, 2, 5, 6, 9])
-    np.testing.assert_array_equal(bridge_gaps(pages, 1), [0, 1, 2, 5, 6, 9])  # 3-4 and 7-8 are two pages
-    np.testing.assert_array_equal(bridge_gaps(pages, 2), np.arange(10))
-    np.testing.assert_array_equal(bridge_gaps(pages, 0), pages)
 
 
 def test_scattered_fetch_reads_a_lone_gap_page_once(tmp_path):

@@ -4,7 +4,7 @@ import threading
 import numpy as np
 import pytest
 
-from kvtier.errors import ChecksumError, StorageError
+from kvtier.errors import ChecksumError, ConfigError, StorageError
 from kvtier.storage.aligned import aligned_buffer
 from kvtier.storage.block_file import KVBlockFile
 from kvtier.storage.checksum import ChecksumTable, checksum
@@ -15,6 +15,8 @@ from kvtier.storage.io_engine import IOEngine
 ALIGNED = KVGeometry(num_layers=3, num_kv_heads=2, head_dim=64, dtype="float16")
 # 3 heads x 64 dims x fp16 x 16 tokens = 6144 bytes: every block is padded to 8192.
 PADDED = KVGeometry(num_layers=2, num_kv_heads=3, head_dim=64, dtype="float16")
+# 2 heads x 64 dims x fp32 x 16 tokens = 8192 bytes: two pages per block, for page reads.
+TWO_PAGES = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=64, dtype="float32")
 TOKENS, BLOCKS = 16, 8
 
 
@@ -320,3 +322,65 @@ def test_close_keeps_a_shared_engine_and_remove_deletes_the_file(direct_dir, eng
         again.write_blocks(random_blocks(again.layout, [(0, K, 0)], rng))  # the engine still works
     again.remove()
     assert not os.path.exists(again.path)
+
+
+def _paged_file(directory, rng):
+    """A TWO_PAGES file with page checksums, K blocks 0..7 of layer 1 written; and those blocks' bytes, flat."""
+    kv = KVBlockFile.create(directory / "kv.bin", TWO_PAGES, TOKENS, BLOCKS, "test-model", page_checksums=True)
+    blocks = random_blocks(kv.layout, [(1, K, b) for b in range(BLOCKS)], rng)
+    kv.write_blocks(blocks)
+    return kv, np.concatenate([buf for *_, buf in blocks])
+
+
+def test_page_reads_fill_only_the_chosen_pages_across_blocks(direct_dir, rng):
+    kv, written = _paged_file(direct_dir, rng)
+    with kv:
+        out = aligned_buffer(written.nbytes)
+        out[:] = 0
+        pages = np.array([1, 2, 3, 7, 12])  # page 1 of block 0 through page 1 of block 1 are one run
+        before = kv.io.stats.snapshot()
+        kv.read_pages([(1, K, 0, pages, out)])
+        moved = kv.io.stats.minus(before)
+        assert moved.bytes_read == 5 * PAGE and moved.read_calls == 3
+        for page in range(written.nbytes // PAGE):
+            got, want = out[page * PAGE : (page + 1) * PAGE], written[page * PAGE : (page + 1) * PAGE]
+            assert (got == want).all() if page in pages else not got.any(), f"page {page}"
+
+
+def test_page_numbers_count_from_the_requested_block(direct_dir, rng):
+    kv, written = _paged_file(direct_dir, rng)
+    with kv:
+        out = aligned_buffer(2 * PAGE)
+        kv.submit_read_pages([(1, K, 5, np.array([1]), out)]).result(timeout=30)
+        assert (out[PAGE:] == written[11 * PAGE : 12 * PAGE]).all()  # block 5's second page is page 11 overall
+
+
+def test_a_damaged_page_fails_its_check_and_its_neighbours_still_read(direct_dir, rng):
+    kv, written = _paged_file(direct_dir, rng)
+    with kv:
+        offset = kv.layout.offset(1, K, 2) + PAGE + 5  # second page of block 2
+        fd = os.open(direct_dir / "kv.bin", os.O_WRONLY)
+        os.pwrite(fd, bytes([written[5 * PAGE + 5] ^ 0x01]), offset)
+        os.fsync(fd)
+        os.close(fd)
+        out = aligned_buffer(written.nbytes)
+        with pytest.raises(ChecksumError, match=r"checksum mismatch in data page \d+ .*layer 1 K from block 0"):
+            kv.read_pages([(1, K, 0, np.array([5]), out)])
+        kv.read_pages([(1, K, 0, np.array([4, 6]), out)])
+        assert (out[4 * PAGE : 5 * PAGE] == written[4 * PAGE : 5 * PAGE]).all()
+
+
+def test_page_reads_refuse_unwritten_pages_files_without_page_crcs_and_bad_requests(direct_dir, rng):
+    kv, _ = _paged_file(direct_dir, rng)
+    with kv:
+        with pytest.raises(ChecksumError, match="never written"):
+            kv.read_pages([(1, V, 0, np.array([0]), aligned_buffer(PAGE))])
+        with pytest.raises(ValueError, match="run past the last block"):
+            kv.read_pages([(1, K, 7, np.array([2]), aligned_buffer(3 * PAGE))])
+        with pytest.raises(ValueError, match="hold 3 pages"):
+            kv.read_pages([(1, K, 0, np.array([2]), aligned_buffer(2 * PAGE))])
+    with KVBlockFile.open(direct_dir / "kv.bin") as reopened:
+        with pytest.raises(StorageError, match="page reads need page checksums"):
+            reopened.read_pages([(1, K, 0, np.array([0]), aligned_buffer(PAGE))])
+    with pytest.raises(ConfigError, match="page checksums need blocks that fill whole pages"):
+        KVBlockFile.create(direct_dir / "padded.bin", PADDED, TOKENS, BLOCKS, "test-model", page_checksums=True)

@@ -12,7 +12,7 @@ weights on the host, so every decode step of every tiered layer:
 2. computes the softmax attention of the current query over all tokens and adds
    it to each token's accumulated score (summed over query heads);
 3. picks the top-alpha share of the pool by accumulated score, reads the V
-   blocks holding them, and attends exactly over sink + selected + recent.
+   pages holding them, and attends exactly over sink + selected + recent.
 
 H2O proper evicts the tokens it does not keep; here every token stays on disk
 and may come back (the offloading H2O-like variant), so accuracy is not
@@ -80,7 +80,7 @@ class H2OLayer(SelectiveLayer):
         logits = torch.matmul(grouped, all_keys.float().transpose(2, 3)) * scaling
         self.hitters.add(logits.softmax(dim=-1).sum(dim=(1, 2)).numpy())
         index = self.hitters.top(sink, self.pooled_tokens, self.selection_size())
-        self.runtime.kv.read(self.layer_idx, self.disk_blocks(index, (V,)))
+        self.runtime.kv.read_tokens(self.layer_idx, index, (V,))
         return Selected(index, take_tokens(pool_keys, index), self.gather(index, V))
 
 

@@ -11,7 +11,7 @@ Here:
 - A forward pre-hook on decoder layer l-1 (removed by `cache.close()`) takes its
   input hidden states, applies layer l's own input norm, query projection (and
   query norm, Gemma 3) and rotary embedding at the new token's position, and
-  keeps the partial channels. The chosen tokens' disk blocks (K and V) are
+  keeps the partial channels. The disk pages holding the chosen tokens (K and V) are
   submitted to the I/O engine right away, so the reads overlap layer l-1's
   attention and MLP; layers alternate between two staging buffers so layer l's
   reads never overwrite what layer l-1 has not gathered yet. A tiered layer 0
@@ -118,7 +118,7 @@ class InfiniGenLayer(SelectiveLayer):
         partial_query = take_channels(grouped_query(query, self.channel_index.shape[0]), self.channel_index)
         scores = approximate_scores(partial_query, self.partial_keys[:, :, : self.pooled_tokens], scaling)
         index = scores.topk(self.selection_size(), dim=1).indices.sort(dim=1).values.numpy()
-        future = self.runtime.kv.submit(self.layer_idx, self.disk_blocks(index, (K, V)), self.buffer)
+        future = self.runtime.kv.submit_tokens(self.layer_idx, index, (K, V), self.buffer)
         self.speculated = (index, future)
 
     def select(self, query: torch.Tensor, scaling: float) -> Selected:

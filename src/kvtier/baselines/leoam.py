@@ -14,7 +14,7 @@ abstracts to decide which chunks to load. Here (chunk rule in chunks.py):
   while the previous tiered layer computes: they do not depend on the query),
   ranks chunks by the Quest-style upper bound of q.k (query heads of a KV head
   summed, as in the sparse path), takes chunks best first until they hold the
-  top-alpha share of the pool, and reads the K and V blocks of those chunks
+  top-alpha share of the pool, and reads the K and V pages of those chunks
   that are on disk.
 - Every chunk taken is attended whole except the last, which is cut to the
   tokens still needed by their exact q.k (its keys are loaded anyway), so every
@@ -84,7 +84,7 @@ class LeoAMLayer(SelectiveLayer):
         chosen = cover(upper_bounds(summed, mins, maxs).numpy(), self.table.sizes(), self.selection_size())
         candidates = [np.concatenate([self.table.tokens(chunk) for chunk in chunks] or [np.empty(0, np.int64)])
                       for chunks in chosen]
-        self.runtime.kv.read(self.layer_idx, self.disk_blocks(candidates, (K, V)))
+        self.runtime.kv.read_tokens(self.layer_idx, candidates, (K, V))
         index = np.stack([self._cut_last(seq, summed, chunks) for seq, chunks in enumerate(chosen)])
         return Selected(index, self.gather(index, K), self.gather(index, V))
 

@@ -23,7 +23,7 @@ from kvtier.baselines.store import SelectiveStore
 from kvtier.errors import ConfigError
 from kvtier.kv.budget import TierCapacity, tier_capacity
 from kvtier.sparse.settings import SparseSettings
-from kvtier.storage import IOEngine, IOStats, KVBlockFile, KVGeometry
+from kvtier.storage import PAGE, IOEngine, IOStats, KVBlockFile, KVGeometry
 from kvtier.units import format_size
 
 if TYPE_CHECKING:
@@ -51,6 +51,11 @@ def tiered_geometry(model, tiered_layers: tuple[int, ...]) -> KVGeometry:
     dtype = str(model.dtype).removeprefix("torch.")
     full = KVGeometry.from_config(model.config.get_text_config(decoder=True), dtype)
     return KVGeometry(len(tiered_layers), full.num_kv_heads, full.head_dim, dtype)
+
+
+def pages_fill_blocks(geometry: KVGeometry, block_tokens: int) -> bool:
+    """Whether blocks fill whole pages, so a store can read the pages of chosen tokens only (store.py)."""
+    return geometry.token_bytes_per_layer * block_tokens % PAGE == 0
 
 
 def plan_capacity(setup: TierSetup, geometry: KVGeometry, host_reserved: int = 0,
@@ -98,7 +103,7 @@ class SelectiveRuntime:
         blocks = -(-tokens_per_seq // setup.block_tokens)
         path = setup.storage_dir / f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}.kvt"
         file = KVBlockFile.create(path, self.geometry, setup.block_tokens, blocks * setup.batch_size, setup.model_id,
-                                  io=self.io)
+                                  io=self.io, page_checksums=pages_fill_blocks(self.geometry, setup.block_tokens))
         tier_of_layer = {layer: tier for tier, layer in enumerate(setup.tiered_layers)}
         store = SelectiveStore(file, tier_of_layer, setup.batch_size, buffers)
         self.stores.append(store)

@@ -34,7 +34,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
 from kvtier.baselines.runtime import SelectiveRuntime, TierSetup, plan_capacity, tiered_geometry
-from kvtier.baselines.store import BlockId, SelectiveStore
+from kvtier.baselines.store import SelectiveStore
 from kvtier.errors import ConfigError
 from kvtier.kv.gather import select_columns, take_tokens
 from kvtier.sparse import attention
@@ -188,16 +188,10 @@ class SelectiveLayer(CacheLayerMixin):
 
     # ----- reading the pool -----
 
-    def disk_blocks(self, index: Sequence[np.ndarray], kinds: tuple[int, ...]) -> list[BlockId]:
-        """The (kind, sequence, block) of every disk block holding one of the pool indices (one array per sequence)."""
-        stored, block = self.stored_tokens, self.runtime.capacity.block_tokens
-        per_seq = [np.unique(row[row < stored] // block) for row in index]
-        return [(kind, seq, int(b)) for kind in kinds for seq, blocks in enumerate(per_seq) for b in blocks]
-
     def gather(self, index: np.ndarray, kind: int, buffer: int = 0, seq: int | None = None) -> torch.Tensor:
         """K or V [B, H, k, D] of pool indices [B, k] (or [1, H, k, D] of one sequence `seq`).
 
-        Disk rows come from the store's `buffer`, where their blocks must have been read; the rest from DRAM.
+        Disk rows come from the store's `buffer`, where they must have been read; the rest from DRAM.
         """
         rows = slice(None) if seq is None else slice(seq, seq + 1)
         stored, used = self.stored_tokens, self.host.used

@@ -5,11 +5,12 @@ bytes (numpy arrays, bytearrays, CPU tensors viewed as uint8).
 
     geometry.py     KVGeometry (per-token KV size), BlockLayout (block -> 4 KiB-aligned file offset)
     aligned.py      page-aligned buffers for O_DIRECT, byte views of caller buffers
-    checksum.py     crc32c of blocks, the per-block checksum table
+    checksum.py     crc32c of blocks, the per-block checksum table, in-memory per-page crcs
     direct_file.py  O_DIRECT open with buffered fallback, page-cache eviction
     io_engine.py    thread pool of preadv/pwritev over runs of adjacent buffers
     header.py       page 0 of a block file (format version, layout, model id)
-    block_file.py   KVBlockFile: create/open/validate, coalesced checksummed block I/O
+    block_file.py   KVBlockFile: create/open/validate, coalesced checksummed block I/O, page reads
+    pages.py        which 4 KiB pages hold chosen fixed-size records (tokens), short gaps bridged
 """
 
 from kvtier.storage.aligned import aligned_buffer, byte_view, is_aligned

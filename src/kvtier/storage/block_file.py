@@ -15,6 +15,10 @@ as uint8). O_DIRECT needs page-aligned buffers; other buffers, and every block
 when block_bytes is not a multiple of 4 KiB, are copied through an aligned
 bounce buffer (counted in `io.stats.bounce_copies`). Choose block_tokens so
 blocks fill whole pages and pass `aligned_buffer`s to move data without copies.
+
+Readers that want a few tokens of many blocks read single pages (`read_pages`):
+a file created with `page_checksums=True` also keeps, in memory, a crc32c of
+every page it writes, and checks each page read against it.
 """
 
 from __future__ import annotations
@@ -29,16 +33,18 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.errors import ChecksumError, StorageError
+from kvtier.errors import ChecksumError, ConfigError, StorageError
 from kvtier.storage import direct_file
 from kvtier.storage.aligned import aligned_buffer, byte_view, is_aligned
-from kvtier.storage.checksum import ChecksumTable, checksum
+from kvtier.storage.checksum import ChecksumTable, PageChecksums, checksum
 from kvtier.storage.geometry import KIND_NAMES, PAGE, BlockLayout, KVGeometry
 from kvtier.storage.header import FileHeader, decode_header, encode_header
 from kvtier.storage.io_engine import IOEngine, Run, consecutive_spans, then
 from kvtier.units import format_size
 
 BlockRequest = tuple[int, int, int, Any]  # (layer, kind, block, buffer of layout.block_bytes)
+# (layer, kind, first block, sorted page numbers counted from that block's start, buffer from that block's start)
+PageRequest = tuple[int, int, int, np.ndarray, np.ndarray]
 TABLE_OFFSET = PAGE
 
 
@@ -60,7 +66,7 @@ class KVBlockFile:
     """An open KV block file. Use `create` or `open`, then `write_blocks` / `read_blocks`."""
 
     def __init__(self, path: str, fd: int, direct: bool, header: FileHeader, table: ChecksumTable,
-                 io: IOEngine, owns_io: bool) -> None:
+                 io: IOEngine, owns_io: bool, pages: PageChecksums | None = None) -> None:
         self.path = path
         self.layout: BlockLayout = header.layout
         self.model_id = header.model_id
@@ -70,18 +76,25 @@ class KVBlockFile:
         self._table = table
         self._owns_io = owns_io
         self._table_lock = threading.Lock()
+        self._pages = pages
 
     # ----- creating and opening -----
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], geometry: KVGeometry, block_tokens: int, num_blocks: int,
-               model_id: str, io: IOEngine | None = None) -> KVBlockFile:
-        """A new, preallocated file for `num_blocks` blocks per layer and kind; replaces any file at `path`."""
+               model_id: str, io: IOEngine | None = None, page_checksums: bool = False) -> KVBlockFile:
+        """A new, preallocated file for `num_blocks` blocks per layer and kind; replaces any file at `path`.
+
+        `page_checksums`: keep the per-page crcs that `read_pages` needs (blocks must fill whole pages).
+        """
         path = os.fspath(path)
         _check_directory(os.path.dirname(os.path.abspath(path)))
         num_slots = BlockLayout(geometry, block_tokens, num_blocks).num_slots
         layout = BlockLayout(geometry, block_tokens, num_blocks,
                              data_offset=TABLE_OFFSET + ChecksumTable.nbytes_for(num_slots))
+        if page_checksums and layout.block_bytes != layout.block_stride:
+            raise ConfigError(f"page checksums need blocks that fill whole pages; a block of {block_tokens} tokens "
+                              f"holds {layout.block_bytes} bytes")
         header = FileHeader(layout, model_id)
         page = encode_header(header)  # before touching the disk, so a bad header leaves no file behind
         if os.path.lexists(path):
@@ -95,7 +108,8 @@ class KVBlockFile:
             os.unlink(path)
             raise
         engine = io or IOEngine()
-        return cls(path, fd, direct, header, ChecksumTable(layout.num_slots), engine, owns_io=io is None)
+        pages = PageChecksums(layout.data_bytes // PAGE) if page_checksums else None
+        return cls(path, fd, direct, header, ChecksumTable(layout.num_slots), engine, owns_io=io is None, pages=pages)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], geometry: KVGeometry | None = None, block_tokens: int | None = None,
@@ -119,6 +133,11 @@ class KVBlockFile:
             raise
         return cls(path, fd, direct, header, table, engine, owns_io=io is None)
 
+    @property
+    def page_checksums(self) -> bool:
+        """Whether this object keeps page crcs, so that `read_pages` works."""
+        return self._pages is not None
+
     # ----- block I/O -----
 
     def write_blocks(self, blocks: Sequence[BlockRequest]) -> None:
@@ -127,12 +146,15 @@ class KVBlockFile:
         if len({request.slot for request in requests}) != len(requests):
             raise ValueError("write_blocks got the same block twice in one call; pass each block once")
         crcs = [checksum(request.data) for request in requests]
+        page_crcs = [PageChecksums.of(request.data) for request in requests] if self._pages else []
         runs, staged = self._plan_runs(requests)
         for request, staging in staged:
             staging[:] = request.data
         self.io.stats.add(bounce_copies=len(staged))
         self.io.write_runs(self._fd, runs)
         self._record_checksums(requests, crcs)  # only now: data must never look valid before it is on disk
+        for request, crcs_of_pages in zip(requests, page_crcs):
+            self._pages.record(request.slot * self.layout.block_stride // PAGE, crcs_of_pages)
 
     def read_blocks(self, blocks: Sequence[BlockRequest]) -> None:
         """Fill each (layer, kind, block, out buffer) from the file and verify its checksum."""
@@ -157,6 +179,57 @@ class KVBlockFile:
                 self._verify(request)
 
         return runs, finish
+
+    def read_pages(self, requests: Sequence[PageRequest]) -> None:
+        """Fill chosen pages of runs of adjacent blocks and check each against its recorded crc.
+
+        Page p of a request is the p-th page from its first block's start (it may lie in a later block
+        of the same layer and kind) and lands at bytes [p * PAGE, (p + 1) * PAGE) of the request's
+        buffer, which must be page-aligned under O_DIRECT. Adjacent pages move in one syscall.
+        """
+        runs, finish = self._prepare_page_read(requests)
+        self.io.read_runs(self._fd, runs)
+        finish()
+
+    def submit_read_pages(self, requests: Sequence[PageRequest]) -> Future[None]:
+        """`read_pages` in the background; `.result()` raises its errors."""
+        runs, finish = self._prepare_page_read(requests)
+        return then(self.io.submit_read_runs(self._fd, runs), finish)
+
+    def _prepare_page_read(self, requests: Sequence[PageRequest]) -> tuple[list[Run], Callable[[], None]]:
+        if self._pages is None:
+            raise StorageError(f"{self.path}: page reads need page checksums; create the file with "
+                               "page_checksums=True")
+        runs, checks = [], []
+        for layer, kind, block, pages, buffer in requests:
+            data = byte_view(buffer)
+            first_page = self.layout.slot(layer, kind, block) * self.layout.block_stride // PAGE
+            self._check_page_request(layer, kind, block, pages, data)
+            for span in consecutive_spans(pages.tolist()):
+                start, stop = int(pages[span.start]), int(pages[span.stop - 1]) + 1
+                runs.append((self.layout.data_offset + (first_page + start) * PAGE,
+                             [memoryview(data[start * PAGE : stop * PAGE])]))
+                checks.append((first_page + start, data[start * PAGE : stop * PAGE], (layer, kind, block)))
+
+        def finish() -> None:
+            for first, data, (layer, kind, block) in checks:
+                problem = self._pages.mismatch(first, data)
+                if problem:
+                    raise ChecksumError(f"{self.path}: {problem} (layer {layer} {KIND_NAMES[kind]} from block {block}); "
+                                        "the file is damaged or the page was never stored: delete it and recompute")
+
+        return runs, finish
+
+    def _check_page_request(self, layer: int, kind: int, block: int, pages: np.ndarray, data: np.ndarray) -> None:
+        if not pages.size:
+            return
+        last = int(pages[-1]) + 1
+        if pages[0] < 0 or block * self.layout.block_stride + last * PAGE > self.layout.num_blocks * self.layout.block_stride:
+            raise ValueError(f"layer {layer} {KIND_NAMES[kind]}: pages {int(pages[0])}..{last - 1} from block {block} "
+                             f"run past the last block ({self.layout.num_blocks})")
+        if data.nbytes < last * PAGE or not data.flags.writeable or (self.direct and not is_aligned(data)):
+            raise ValueError(f"layer {layer} {KIND_NAMES[kind]}: the buffer must be writable, page-aligned and "
+                             f"hold {last} pages, got {data.nbytes} bytes")
 
     def _requests(self, blocks: Sequence[BlockRequest], for_read: bool) -> list[_Block]:
         requests = []

@@ -51,3 +51,37 @@ class ChecksumTable:
     def pages(self, first_page: int, num_pages: int) -> memoryview:
         """The bytes of table pages [first_page, first_page + num_pages), page-aligned for O_DIRECT."""
         return memoryview(self.buffer[first_page * PAGE:(first_page + num_pages) * PAGE])
+
+
+class PageChecksums:
+    """In-memory CRC32C of every page of a block file's data region, for reads of single pages.
+
+    A block's stored crc covers the whole block, so a read of a few of its pages cannot be checked
+    against it. These are recorded as blocks are written through one open file object and are not
+    persisted: only the process that wrote the blocks can read their pages one by one.
+    """
+
+    def __init__(self, num_pages: int) -> None:
+        self._crcs = np.zeros(num_pages, dtype=np.uint32)
+        self._written = np.zeros(num_pages, dtype=bool)
+
+    @staticmethod
+    def of(data: np.ndarray) -> list[int]:
+        """The crc of each page of `data` (flat bytes, a whole number of pages)."""
+        return [checksum(page) for page in data.reshape(-1, PAGE)]
+
+    def record(self, first_page: int, crcs: list[int]) -> None:
+        """Pages first_page.. now hold data with these crcs (call once the data is on disk)."""
+        self._crcs[first_page : first_page + len(crcs)] = crcs
+        self._written[first_page : first_page + len(crcs)] = True
+
+    def mismatch(self, first_page: int, data: np.ndarray) -> str | None:
+        """Why pages first_page.. of the data region do not hold `data` (None when every page checks out)."""
+        for offset, page in enumerate(data.reshape(-1, PAGE)):
+            number = first_page + offset
+            if not self._written[number]:
+                return f"data page {number} was never written"
+            found = checksum(page)
+            if found != self._crcs[number]:
+                return f"checksum mismatch in data page {number} (stored 0x{self._crcs[number]:08x}, read 0x{found:08x})"
+        return None

@@ -1,0 +1,43 @@
+"""Which 4 KiB pages hold some of a region's fixed-size records (tokens) packed back to back from a page boundary.
+
+Used by every reader that fetches chosen tokens rather than whole regions: the
+sparse path's cold pool (one K|V record per token) and the selective baselines
+(token rows of K or V blocks). O_DIRECT moves whole pages, so a token costs the
+pages it touches.
+
+A lone unwanted page lying between two wanted ones is read too
+(BRIDGED_GAP_PAGES), so the two reads become one: on the development VM's disk
+a fetch of 285 random records from each of 30 layers took a median 1.73 s
+instead of 2.30 s (8 interleaved trials) for 14% more pages; the pages read are
+counted and reported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvtier.storage.geometry import PAGE
+
+BRIDGED_GAP_PAGES = 1
+
+
+def pages_holding(slots: np.ndarray, record_bytes: int, max_gap: int = BRIDGED_GAP_PAGES) -> np.ndarray:
+    """Sorted page numbers covering records `slots` (int64) of `record_bytes` each, gaps <= `max_gap` bridged."""
+    if not slots.size:
+        return np.empty(0, dtype=np.int64)
+    first_page = slots * record_bytes // PAGE
+    last_page = ((slots + 1) * record_bytes - 1) // PAGE
+    if record_bytes > PAGE:  # a record spans pages in between as well
+        pages = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first_page, last_page)]))
+    else:
+        pages = np.unique(np.concatenate([first_page, last_page]))
+    return bridge_gaps(pages, max_gap)
+
+
+def bridge_gaps(pages: np.ndarray, max_gap: int) -> np.ndarray:
+    """Sorted unique `pages` plus every gap of at most `max_gap` pages between two of them."""
+    gaps = np.diff(pages) - 1
+    small = np.nonzero((gaps > 0) & (gaps <= max_gap))[0]
+    if not small.size:
+        return pages
+    return np.union1d(pages, np.concatenate([np.arange(pages[i] + 1, pages[i + 1]) for i in small]))

@@ -1,0 +1,25 @@
+import numpy as np
+
+from kvtier.storage.geometry import PAGE
+from kvtier.storage.pages import bridge_gaps, pages_holding
+
+
+def test_bridge_gaps_fills_only_short_gaps():
+    pages = np.array([0, 2, 5, 6, 9])
+    np.testing.assert_array_equal(bridge_gaps(pages, 1), [0, 1, 2, 5, 6, 9])  # 3-4 and 7-8 are two pages
+    np.testing.assert_array_equal(bridge_gaps(pages, 2), np.arange(10))
+    np.testing.assert_array_equal(bridge_gaps(pages, 0), pages)
+
+
+def test_a_record_straddling_a_page_boundary_needs_both_pages():
+    # 768-byte records: record 5 is bytes 3840-4607 (pages 0 and 1), record 16 bytes 12288-13055 (page 3 only)
+    np.testing.assert_array_equal(pages_holding(np.array([16, 5]), 768, max_gap=0), [0, 1, 3])
+    np.testing.assert_array_equal(pages_holding(np.array([16, 5]), 768), [0, 1, 2, 3])  # page 2 bridged
+
+
+def test_records_larger_than_a_page_cover_every_page_in_between():
+    np.testing.assert_array_equal(pages_holding(np.array([1]), 3 * PAGE, max_gap=0), [3, 4, 5])
+
+
+def test_no_records_no_pages():
+    assert pages_holding(np.empty(0, dtype=np.int64), 768).size == 0
