@@ -41,14 +41,16 @@ def test_host_budget_caps_the_hot_pool():
 def test_calibration_is_cached_per_machine_and_refreshable(tmp_path, monkeypatch):
     monkeypatch.setenv("KVTIER_CACHE_DIR", str(tmp_path / "cache"))
     calls = []
-    monkeypatch.setattr(planner, "calibrate", lambda *args: calls.append(args) or RATES)
+    monkeypatch.setattr(planner, "calibrate", lambda *args, **kwargs: calls.append(kwargs) or RATES)
     first = planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum")
     again = planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum")
     assert first == again == RATES and len(calls) == 1
     planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum", refresh=True)
     assert len(calls) == 2
+    planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum", block_tokens=64)  # another scorer setting
+    assert len(calls) == 3 and calls[-1]["block_tokens"] == 64
     stored = json.loads((tmp_path / "cache" / "sparse-calibration.json").read_text())
-    assert list(stored.values()) == [vars(RATES)]
+    assert list(stored.values()) == [vars(RATES)] * 2
 
 
 def test_calibrate_measures_positive_rates_with_the_real_paths(tmp_path):

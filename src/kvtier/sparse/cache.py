@@ -77,7 +77,8 @@ class SparseRuntime:
         if self.plan is None:
             if self.settings.beta is None:
                 self.rates = load_or_calibrate(self.storage_dir, self.heads, self.head_dim, self.dtype,
-                                               self.settings.score_bits, self.settings.aggregation)
+                                               self.settings.score_bits, self.settings.aggregation,
+                                               block_tokens=self.settings.score_block_tokens)
             self.plan = plan_split(importance, self.settings.alpha, self.max_hot_tokens, self.rates,
                                    self.settings.beta)
         return min(self.plan.hot_tokens, importance.shape[1])

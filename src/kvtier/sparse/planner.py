@@ -37,6 +37,7 @@ from kvtier.sparse.hot_pool import HotPool
 from kvtier.sparse.placement import split_hot_cold
 from kvtier.sparse.protocol import Channel, ChannelSpec
 from kvtier.sparse.scorer_client import ScorerClient
+from kvtier.sparse.settings import SparseSettings
 from kvtier.sparse.sketch import SketchFormat
 from kvtier.storage import IOEngine
 
@@ -116,20 +117,24 @@ def _selection_rates(importance: np.ndarray, alpha: float, hot_tokens: int) -> t
 
 # ----- calibration -----
 
-def calibration_key(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str) -> str:
+def calibration_key(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str,
+                    block_tokens: int) -> str:
     return (f"{platform.node()}|cpus{os.cpu_count()}|dev{os.stat(directory).st_dev}|{heads}x{head_dim}|"
-            f"{str(dtype).removeprefix('torch.')}|int{bits}|{aggregation}")
+            f"{str(dtype).removeprefix('torch.')}|int{bits}|{aggregation}|block{block_tokens}")
 
 
 def load_or_calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str,
-                      refresh: bool = False) -> Throughputs:
-    """Cached throughputs for this machine and geometry, measuring them first when missing or `refresh`."""
+                      refresh: bool = False, block_tokens: int = SparseSettings.score_block_tokens) -> Throughputs:
+    """Cached throughputs for this machine and geometry, measuring them first when missing or `refresh`.
+
+    `block_tokens`: the scorer's score-block size, which sets its per-block overhead (settings.py).
+    """
     path = cache_dir() / "sparse-calibration.json"
-    key = calibration_key(directory, heads, head_dim, dtype, bits, aggregation)
+    key = calibration_key(directory, heads, head_dim, dtype, bits, aggregation, block_tokens)
     cached = json.loads(path.read_text()) if path.is_file() else {}
     if key in cached and not refresh:
         return Throughputs(**cached[key])
-    rates = calibrate(directory, heads, head_dim, dtype, bits, aggregation)
+    rates = calibrate(directory, heads, head_dim, dtype, bits, aggregation, block_tokens=block_tokens)
     cached[key] = asdict(rates)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cached, indent=1))
@@ -138,7 +143,8 @@ def load_or_calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dt
 
 
 def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str,
-              tokens: int = CALIBRATION_TOKENS, alpha: float = 0.2) -> Throughputs:
+              tokens: int = CALIBRATION_TOKENS, alpha: float = 0.2,
+              block_tokens: int = SparseSettings.score_block_tokens) -> Throughputs:
     """Measure f_c, f_s, B_c, B_s (tokens/s) with the real hot pool, cold pool and scorer process."""
     generator = torch.Generator().manual_seed(0)
     keys = torch.randn(1, heads, tokens, head_dim, generator=generator).to(dtype)
@@ -156,7 +162,7 @@ def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bit
         scorer = None
         try:
             cold.append(0, keys, keys, np.arange(tokens)[None, :])
-            scorer = ScorerClient(channel, cold.sketches.path, cold.sketches.layout, fmt, aggregation, 64)
+            scorer = ScorerClient(channel, cold.sketches.path, cold.sketches.layout, fmt, aggregation, block_tokens)
             channel.query[:] = query.numpy()
             storage_score = tokens / _median_time(lambda: (scorer.submit(0, tokens), scorer.wait()))
             storage_fetch = len(picks) / _median_time(lambda: cold.fetch(0, 0, picks))
