@@ -78,7 +78,7 @@ class Grid:
 GRIDS = {
     "small": Grid("small", "smollm2-135m", contexts=(1024, 2048, 4096), new_tokens=8, batches=(1, 2, 4),
                   stress_batches=(20,), stress_repeats=1, batch_input=1920, batch_output=16, fixed_context=2048,
-                  ablation_batch=1, betas=(0.25, 0.5, 1.0, 2.0, 4.0), alphas=(0.05, 0.1, 0.2, 0.3),
+                  ablation_batch=1, betas=(0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0), alphas=(0.05, 0.1, 0.2, 0.3),
                   needle_depths=(0.25, 0.75), needle_seeds=1),
     "full": Grid("full", "qwen2.5-0.5b", contexts=(2048, 4096, 8192, 16384, 32512), new_tokens=32,
                  batches=tuple(range(1, 11)), stress_batches=tuple(range(20, 26)), stress_repeats=None,
