@@ -35,7 +35,7 @@ BlockId = tuple[int, int, int]  # (K or V, sequence, block)
 
 
 class SelectiveStore(TieredStore):
-    """One block file of whole blocks per (layer, sequence); chosen blocks are read into fixed staging slots."""
+    """One block file of whole blocks per (layer, sequence); chosen blocks or pages land in fixed staging slots."""
 
     def __init__(self, file: KVBlockFile, tier_of_layer: dict[int, int], batch_size: int, buffers: int = 1) -> None:
         super().__init__(file, tier_of_layer, batch_size)
