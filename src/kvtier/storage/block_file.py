@@ -146,7 +146,7 @@ class KVBlockFile:
         if len({request.slot for request in requests}) != len(requests):
             raise ValueError("write_blocks got the same block twice in one call; pass each block once")
         crcs = [checksum(request.data) for request in requests]
-        page_crcs = [PageChecksums.of(request.data) for request in requests] if self._pages else []
+        page_crcs = [PageChecksums.of(request.data) for request in requests] if self._pages is not None else []
         runs, staged = self._plan_runs(requests)
         for request, staging in staged:
             staging[:] = request.data
@@ -215,8 +215,9 @@ class KVBlockFile:
             for first, data, (layer, kind, block) in checks:
                 problem = self._pages.mismatch(first, data)
                 if problem:
-                    raise ChecksumError(f"{self.path}: {problem} (layer {layer} {KIND_NAMES[kind]} from block {block}); "
-                                        "the file is damaged or the page was never stored: delete it and recompute")
+                    raise ChecksumError(f"{self.path}: {problem} (layer {layer} {KIND_NAMES[kind]} from block "
+                                        f"{block}); the file is damaged or the page was never stored: delete it and "
+                                        "recompute")
 
         return runs, finish
 
@@ -224,7 +225,8 @@ class KVBlockFile:
         if not pages.size:
             return
         last = int(pages[-1]) + 1
-        if pages[0] < 0 or block * self.layout.block_stride + last * PAGE > self.layout.num_blocks * self.layout.block_stride:
+        stride = self.layout.block_stride
+        if pages[0] < 0 or block * stride + last * PAGE > self.layout.num_blocks * stride:
             raise ValueError(f"layer {layer} {KIND_NAMES[kind]}: pages {int(pages[0])}..{last - 1} from block {block} "
                              f"run past the last block ({self.layout.num_blocks})")
         if data.nbytes < last * PAGE or not data.flags.writeable or (self.direct and not is_aligned(data)):

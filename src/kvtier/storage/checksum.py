@@ -83,5 +83,6 @@ class PageChecksums:
                 return f"data page {number} was never written"
             found = checksum(page)
             if found != self._crcs[number]:
-                return f"checksum mismatch in data page {number} (stored 0x{self._crcs[number]:08x}, read 0x{found:08x})"
+                stored = int(self._crcs[number])
+                return f"checksum mismatch in data page {number} (stored 0x{stored:08x}, read 0x{found:08x})"
         return None
