@@ -111,7 +111,8 @@ def test_a_cell_records_spreads_budgets_traffic_and_cache_bypass(tiny_llm, optio
         assert result["cache_bypass"] == O_DIRECT  # tmp_path is on a filesystem with O_DIRECT here
         assert result["traffic_bytes_per_step"]["storage->host"] > 0 and result["kv_bytes"]["storage"] > 0
     if mode == "sparse":
-        assert result["sparse"]["beta"] > 0 and set(result["sparse"]["breakdown_ms"]) >= {"score", "fetch"}
+        beta = result["sparse"]["beta"]  # "inf" (all hot; JSON has no infinity) on a pool this small
+        assert (beta == "inf" or beta > 0) and set(result["sparse"]["breakdown_ms"]) >= {"score", "fetch"}
 
 
 def test_offload_moves_every_pooled_token_to_the_device_each_step(tiny_llm, options):

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,14 +14,23 @@ def test_beta_is_equation_4_when_both_pools_select_alpha():
     alpha = 0.2
     fc, fs, bc, bs = RATES.host_score, RATES.storage_score, RATES.host_fetch, RATES.storage_fetch
     equation_4 = bc * fc * (bs + alpha * fs) / (bs * fs * (bc + alpha * fc))
-    assert balanced_beta(RATES, alpha, alpha) == pytest.approx(equation_4)
+    assert balanced_beta(RATES, alpha, alpha, pool=10_000) == pytest.approx(equation_4)
 
 
-def test_balanced_beta_equalises_the_two_paths():
-    beta = balanced_beta(RATES, 0.3, 0.05)
-    cold = 10_000
-    host, storage = predicted_times(RATES, int(beta * cold), cold, 0.3, 0.05)
-    assert host == pytest.approx(storage, rel=1e-3)
+@pytest.mark.parametrize("round_trip", [0.0, 2e-3])
+def test_balanced_beta_equalises_the_two_paths(round_trip):
+    rates, pool, batch = replace(RATES, storage_round_trip=round_trip), 40_000, 2
+    beta = balanced_beta(rates, 0.3, 0.05, pool, batch)
+    hot = beta / (1 + beta) * pool
+    host, storage = predicted_times(rates, hot, pool - hot, 0.3, 0.05, batch)
+    assert host == pytest.approx(storage, rel=1e-6)
+
+
+def test_a_scorer_round_trip_moves_tokens_hot_and_dominates_short_pools():
+    slow_trip = replace(RATES, storage_round_trip=2e-3)
+    assert balanced_beta(slow_trip, 0.2, 0.2, pool=40_000) > balanced_beta(RATES, 0.2, 0.2, pool=40_000)
+    assert balanced_beta(slow_trip, 0.2, 0.2, pool=2_000) == float("inf")  # the round trip alone outweighs it
+    assert balanced_beta(slow_trip, 0.2, 0.2, pool=2_000, batch=64) < float("inf")  # shared by a large batch
 
 
 def test_skew_correction_moves_beta_toward_a_smaller_hot_pool():
@@ -28,7 +38,7 @@ def test_skew_correction_moves_beta_toward_a_smaller_hot_pool():
     importance = np.random.default_rng(0).pareto(1.0, (2, 5000))
     plan = plan_split(importance, 0.2, max_hot=10**9, rates=RATES, beta=None)
     assert plan.alpha_host > 0.2 > plan.alpha_storage
-    assert plan.beta < balanced_beta(RATES, 0.2, 0.2)
+    assert plan.beta < balanced_beta(RATES, 0.2, 0.2, pool=5000)
     assert plan.hot_tokens == round(plan.beta / (1 + plan.beta) * 5000)
 
 

@@ -147,7 +147,7 @@ def _sparse_details(cache: SparseCache) -> dict:
         "migrations": moves, "ping_pongs": ping_pongs, "ping_pong_rate": ping_pongs / moves if moves else 0.0,
         "predicted_ms": {"T_CPU": summary["predicted_host_s"] * 1000, "T_storage": summary["predicted_storage_s"] * 1000},
         "measured_ms": {"T_CPU": summary["host_time_s"] * 1000, "T_storage": summary["storage_time_s"] * 1000},
-        "beta": runtime.plan.beta if runtime.plan else None, "hot_tokens": runtime.hot_tokens,
+        "beta": runtime.plan.beta_for_json if runtime.plan else None, "hot_tokens": runtime.hot_tokens,
         "scorer_round_trip_us": runtime.scorer.round_trip_s(repeats=200) * 1e6,
         "scorer_host_fallbacks": runtime.scorer.host_scored_requests,
     }

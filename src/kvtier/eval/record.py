@@ -87,7 +87,7 @@ class ResultStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             partial = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
-            partial.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+            partial.write_text(json.dumps(self.data, indent=1, sort_keys=True, allow_nan=False))  # strict JSON
             os.replace(partial, self.path)
         except OSError as error:
             raise StorageError(f"cannot write results to {self.path}: {error.strerror or error}") from None

@@ -198,7 +198,7 @@ def _predicted_text(sparse: dict) -> str:
 
 def _app_marker(cell: dict) -> tuple[str, float, float] | None:
     beta = (cell.get("sparse") or {}).get("beta")
-    if beta is None or not math.isfinite(beta) or beta <= 0:
+    if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:  # None, or "inf": not on the axis
         return None
     return f"APP beta {beta:.3g}", beta, cell["ms_per_token"]["median"]
 
@@ -327,7 +327,7 @@ def _series(cells: list[dict], x_field: str, metric: str) -> list[Series]:
 
 def _plan_beta(cell: dict) -> str:
     beta = (cell.get("sparse") or {}).get("beta")
-    return "-" if beta is None else f"{beta:.3g}"
+    return "-" if beta is None else beta if isinstance(beta, str) else f"{beta:.3g}"
 
 
 def demote_headings(markdown: str) -> str:

@@ -98,7 +98,7 @@ def sparse_details(cache: SparseCache) -> dict:
                          "T_storage": summary.get("predicted_storage_s", 0.0) * 1000},
         "measured_ms": {"T_CPU": summary.get("host_time_s", 0.0) * 1000,
                         "T_storage": summary.get("storage_time_s", 0.0) * 1000},
-        "beta": plan.beta if plan else None,
+        "beta": plan.beta_for_json if plan else None,
         "capped_by_host_budget": plan.capped if plan else None,
         "hot_tokens": cache.runtime.hot_tokens,
     }

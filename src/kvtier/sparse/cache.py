@@ -92,11 +92,11 @@ class SparseRuntime:
         grouped = query[:, :, 0].float().cpu().reshape(query.shape[0], heads, self.group, query.shape[-1])
         return grouped.sum(dim=2, keepdim=True) if self.settings.aggregation == "sum" else grouped
 
-    def predict_step(self, hot: int, cold: int) -> tuple[float, float]:
-        """APP's (T_CPU, T_storage) for one layer and sequence (0, 0 without calibrated rates)."""
+    def predict_step(self, hot: int, cold: int, batch: int) -> tuple[float, float]:
+        """APP's (T_CPU, T_storage) for one layer and sequence of `batch` (0, 0 without calibrated rates)."""
         if self.rates is None or self.plan is None:
             return 0.0, 0.0
-        return predicted_times(self.rates, hot, cold, self.plan.alpha_host, self.plan.alpha_storage)
+        return predicted_times(self.rates, hot, cold, self.plan.alpha_host, self.plan.alpha_storage, batch)
 
     def io_stats(self) -> IOStats:
         """Disk bytes moved by the host (writes, K/V fetches) and by the scorer (sketch reads)."""
@@ -136,8 +136,8 @@ class SparseCache(Cache):
         step = self.runtime.stats.open_step()
         layers = [layer for layer in self.layers if isinstance(layer, SparseLayer) and layer.distributed]
         for layer in layers:
-            host, storage = self.runtime.predict_step(layer.hot.used, self.runtime.cold.used[layer.tier])
             batch = layer.keys.shape[0]
+            host, storage = self.runtime.predict_step(layer.hot.used, self.runtime.cold.used[layer.tier], batch)
             step.predicted_host_s += host * batch
             step.predicted_storage_s += storage * batch
 

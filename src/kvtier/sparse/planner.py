@@ -7,6 +7,15 @@ and the storage path
 Balancing them gives beta = Mc / Ms = (1/f_s + alpha_s/B_s) / (1/f_c + alpha_c/B_c), which with
 alpha_c = alpha_s = alpha is eq. (4). Subject to Mc <= M0 (host budget, eq. 3).
 
+One term is added to the paper's model: the storage path also pays a fixed round trip R per
+scorer request (query hand-off, wake-up, first read, result hand-back: one request per layer and
+step for the whole batch), so T_storage = R / batch + Ms / f_s + alpha_s * Ms / B_s per sequence.
+Balancing with Mc + Ms = M gives Mc = (R / batch + M * c_s) / (c_c + c_s), with c_c and c_s the
+per-token costs above; R = 0 is eq. (4) again. Without R, `kvtier bench latency --experiments d`
+(smollm2-135m, 2K, 2026-11-30) had APP choose beta 1.35 (156.5 ms per step) while every fixed beta
+from 4 to 16 was faster (132-143 ms): at short contexts the round trip, not the scan, is the
+storage path's cost.
+
 Skew correction: HKM puts the important tokens in the hot pool, so the hot pool's selection
 rate alpha_c exceeds alpha and the cold pool's alpha_s falls below it. We estimate both from the
 prompt's observation-window importance (the same signal placement uses): place with beta, count
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import tempfile
@@ -43,6 +53,7 @@ from kvtier.storage import IOEngine
 
 log = logging.getLogger(__name__)
 CALIBRATION_TOKENS = 16384
+CALIBRATION_VERSION = 2  # part of the cache key: bump when `calibrate` measures something new (2: round trip)
 SKEW_ITERATIONS = 4
 
 
@@ -54,39 +65,47 @@ class Throughputs:
     storage_score: float  # f_s (disk reads of sketches included)
     host_fetch: float  # B_c
     storage_fetch: float  # B_s
+    storage_round_trip: float = 0.0  # R: seconds per scorer request, whatever its size
 
 
-def balanced_beta(rates: Throughputs, alpha_host: float, alpha_storage: float) -> float:
-    """Mc / Ms that makes T_CPU equal T_storage."""
+def balanced_beta(rates: Throughputs, alpha_host: float, alpha_storage: float, pool: int, batch: int = 1) -> float:
+    """Mc / Ms that makes T_CPU equal T_storage for a pool of `pool` tokens per sequence (inf: all hot)."""
     host_cost = 1 / rates.host_score + alpha_host / rates.host_fetch
     storage_cost = 1 / rates.storage_score + alpha_storage / rates.storage_fetch
-    return storage_cost / host_cost
+    hot = (rates.storage_round_trip / batch + pool * storage_cost) / (host_cost + storage_cost)
+    return float("inf") if hot >= pool else hot / (pool - hot)
 
 
-def predicted_times(rates: Throughputs, hot: int, cold: int, alpha_host: float,
-                    alpha_storage: float) -> tuple[float, float]:
-    """(T_CPU, T_storage) in seconds for one layer and sequence."""
+def predicted_times(rates: Throughputs, hot: int, cold: int, alpha_host: float, alpha_storage: float,
+                    batch: int = 1) -> tuple[float, float]:
+    """(T_CPU, T_storage) in seconds for one layer and sequence (the round trip shared by the batch)."""
+    round_trip = rates.storage_round_trip / batch if cold else 0.0
     return (hot / rates.host_score + alpha_host * hot / rates.host_fetch,
-            cold / rates.storage_score + alpha_storage * cold / rates.storage_fetch)
+            round_trip + cold / rates.storage_score + alpha_storage * cold / rates.storage_fetch)
 
 
 @dataclass(frozen=True)
 class Plan:
     hot_tokens: int
-    beta: float  # the balanced (or given) beta before the host-memory cap
+    beta: float  # the balanced (or given) beta before the host-memory cap; inf: everything hot
     alpha_host: float
     alpha_storage: float
     capped: bool  # Mc was limited by M0
+
+    @property
+    def beta_for_json(self) -> float | str:
+        """`beta` as results record it: JSON has no infinity, so "everything hot" is the string "inf"."""
+        return self.beta if math.isfinite(self.beta) else "inf"
 
 
 def plan_split(importance: np.ndarray, alpha: float, max_hot: int, rates: Throughputs | None,
                beta: float | None) -> Plan:
     """Hot tokens per sequence for a pool scored by `importance` [batch, pool]."""
-    pool = importance.shape[1]
+    batch, pool = importance.shape
     alpha_host = alpha_storage = alpha
     if beta is None:
         for _ in range(SKEW_ITERATIONS):
-            beta = balanced_beta(rates, alpha_host, alpha_storage)
+            beta = balanced_beta(rates, alpha_host, alpha_storage, pool, batch)
             hot = _hot_tokens(beta, pool, max_hot)
             alpha_host, alpha_storage = _selection_rates(importance, alpha, hot)
     hot = _hot_tokens(beta, pool, max_hot)
@@ -120,7 +139,7 @@ def _selection_rates(importance: np.ndarray, alpha: float, hot_tokens: int) -> t
 def calibration_key(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str,
                     block_tokens: int) -> str:
     return (f"{platform.node()}|cpus{os.cpu_count()}|dev{os.stat(directory).st_dev}|{heads}x{head_dim}|"
-            f"{str(dtype).removeprefix('torch.')}|int{bits}|{aggregation}|block{block_tokens}")
+            f"{str(dtype).removeprefix('torch.')}|int{bits}|{aggregation}|block{block_tokens}|v{CALIBRATION_VERSION}")
 
 
 def load_or_calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str,
@@ -164,14 +183,16 @@ def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bit
             cold.append(0, keys, keys, np.arange(tokens)[None, :])
             scorer = ScorerClient(channel, cold.sketches.path, cold.sketches.layout, fmt, aggregation, block_tokens)
             channel.query[:] = query.numpy()
-            storage_score = tokens / _median_time(lambda: (scorer.submit(0, tokens), scorer.wait()))
+            round_trip = _median_time(lambda: (scorer.submit(0, 1), scorer.wait()), repeats=9)
+            scan = _median_time(lambda: (scorer.submit(0, tokens), scorer.wait())) - round_trip
+            storage_score = tokens / max(scan, 1e-9)
             storage_fetch = len(picks) / _median_time(lambda: cold.fetch(0, 0, picks))
         finally:
             if scorer is not None:
                 scorer.close()
             cold.close()
             channel.close()
-    return Throughputs(host_score, storage_score, host_fetch, storage_fetch)
+    return Throughputs(host_score, storage_score, host_fetch, storage_fetch, round_trip)
 
 
 def _median_time(action, repeats: int = 5) -> float:
