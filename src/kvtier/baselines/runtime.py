@@ -23,7 +23,7 @@ from kvtier.baselines.store import SelectiveStore
 from kvtier.errors import ConfigError
 from kvtier.kv.budget import TierCapacity, tier_capacity
 from kvtier.sparse.settings import SparseSettings
-from kvtier.storage import PAGE, IOEngine, IOStats, KVBlockFile, KVGeometry
+from kvtier.storage import BlockLayout, IOEngine, IOStats, KVBlockFile, KVGeometry
 from kvtier.units import format_size
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def tiered_geometry(model, tiered_layers: tuple[int, ...]) -> KVGeometry:
 
 def pages_fill_blocks(geometry: KVGeometry, block_tokens: int) -> bool:
     """Whether blocks fill whole pages, so a store can read the pages of chosen tokens only (store.py)."""
-    return geometry.token_bytes_per_layer * block_tokens % PAGE == 0
+    return BlockLayout(geometry, block_tokens, num_blocks=1).fills_pages
 
 
 def plan_capacity(setup: TierSetup, geometry: KVGeometry, host_reserved: int = 0,

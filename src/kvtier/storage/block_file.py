@@ -92,7 +92,7 @@ class KVBlockFile:
         num_slots = BlockLayout(geometry, block_tokens, num_blocks).num_slots
         layout = BlockLayout(geometry, block_tokens, num_blocks,
                              data_offset=TABLE_OFFSET + ChecksumTable.nbytes_for(num_slots))
-        if page_checksums and layout.block_bytes != layout.block_stride:
+        if page_checksums and not layout.fills_pages:
             raise ConfigError(f"page checksums need blocks that fill whole pages; a block of {block_tokens} tokens "
                               f"holds {layout.block_bytes} bytes")
         header = FileHeader(layout, model_id)
@@ -158,14 +158,11 @@ class KVBlockFile:
 
     def read_blocks(self, blocks: Sequence[BlockRequest]) -> None:
         """Fill each (layer, kind, block, out buffer) from the file and verify its checksum."""
-        runs, finish = self._prepare_read(blocks)
-        self.io.read_runs(self._fd, runs)
-        finish()
+        self._read_now(*self._prepare_read(blocks))
 
     def submit_read_blocks(self, blocks: Sequence[BlockRequest]) -> Future[None]:
         """`read_blocks` in the background (e.g. prefetching the next layer); `.result()` raises its errors."""
-        runs, finish = self._prepare_read(blocks)
-        return then(self.io.submit_read_runs(self._fd, runs), finish)
+        return self._read_later(*self._prepare_read(blocks))
 
     def _prepare_read(self, blocks: Sequence[BlockRequest]) -> tuple[list[Run], Callable[[], None]]:
         requests = self._requests(blocks, for_read=True)
@@ -187,13 +184,19 @@ class KVBlockFile:
         of the same layer and kind) and lands at bytes [p * PAGE, (p + 1) * PAGE) of the request's
         buffer, which must be page-aligned under O_DIRECT. Adjacent pages move in one syscall.
         """
-        runs, finish = self._prepare_page_read(requests)
-        self.io.read_runs(self._fd, runs)
-        finish()
+        self._read_now(*self._prepare_page_read(requests))
 
     def submit_read_pages(self, requests: Sequence[PageRequest]) -> Future[None]:
         """`read_pages` in the background; `.result()` raises its errors."""
-        runs, finish = self._prepare_page_read(requests)
+        return self._read_later(*self._prepare_page_read(requests))
+
+    def _read_now(self, runs: list[Run], finish: Callable[[], None]) -> None:
+        """Read the runs, then copy out and verify (`finish`)."""
+        self.io.read_runs(self._fd, runs)
+        finish()
+
+    def _read_later(self, runs: list[Run], finish: Callable[[], None]) -> Future[None]:
+        """`_read_now` on the I/O threads; the future raises what reading or `finish` raised."""
         return then(self.io.submit_read_runs(self._fd, runs), finish)
 
     def _prepare_page_read(self, requests: Sequence[PageRequest]) -> tuple[list[Run], Callable[[], None]]:

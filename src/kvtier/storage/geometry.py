@@ -118,6 +118,11 @@ class BlockLayout:
         """Distance between consecutive blocks: the payload padded so every block starts on a page."""
         return round_up(self.block_bytes, PAGE)
 
+    @property
+    def fills_pages(self) -> bool:
+        """Whether a block is a whole number of pages (no padding): single pages can then be read."""
+        return self.block_bytes == self.block_stride
+
     def payload_span(self, index: int) -> slice:
         """Bytes of block (or swap slot) `index` in a buffer of blocks laid `block_stride` apart."""
         start = index * self.block_stride
