@@ -6,6 +6,7 @@ import torch
 import kvtier
 from kvtier.data.corpus import generate_text
 from kvtier.kv.factory import KVConfig
+from kvtier.threads import decode_threads
 
 pytestmark = pytest.mark.model
 NEW_TOKENS = 24
@@ -69,3 +70,14 @@ def test_offload_cache_works_inside_model_generate(smollm2, prompt, reference, t
         assert cache.store.file.io.stats.bytes_read > 0
     finally:
         cache.close()
+
+
+def test_sparse_decodes_leaving_a_core_to_its_scorer_and_restores_the_thread_count(smollm2, tmp_path):
+    """kvtier.threads: the storage scorer process needs a core while the sparse path decodes."""
+    seen = []
+    before = torch.get_num_threads()
+    config = KVConfig(kv="sparse", host_kv_budget="4MiB", storage_dir=str(tmp_path))
+    kvtier.generate(smollm2, "The capital of France is", max_new_tokens=4, kv_config=config, progress=False,
+                    on_text=lambda _: seen.append(torch.get_num_threads()))
+    assert seen and set(seen) == {decode_threads("sparse")}
+    assert torch.get_num_threads() == before

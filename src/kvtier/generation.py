@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from kvtier.errors import ContextTooLongError
 from kvtier.kv.factory import KVConfig, close_cache, disk_bytes, make_cache, tier_bytes
+from kvtier.threads import decode_threads, torch_threads
 
 
 @dataclass
@@ -94,7 +95,8 @@ def generate(
             started = time.perf_counter()
             logits = _prefill(model, ids.to(model.device), cache, prefill_chunk, progress)
             prefilled = time.perf_counter()
-            new_ids = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text)
+            with torch_threads(decode_threads(kv_config.kv)):  # sparse: a core for the scorer process
+                new_ids = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text)
             finished = time.perf_counter()
             kv_bytes = tier_bytes(cache, model)
             read, written = disk_bytes(cache)

@@ -11,6 +11,7 @@ import torch
 from kvtier.cli import main
 from kvtier.commands.bench_sparse import selection_recall, write_results
 from kvtier.models.loader import load_model
+from kvtier.threads import decode_threads
 
 
 def _bench(model_dir, tmp_path, *extra):
@@ -41,7 +42,10 @@ def test_sparse_and_offload_side_by_side(tiny_model_dir, tmp_path, capsys):
     text = stem.with_suffix(".md").read_text()
     assert "x the decode speed of offload (medians)" in text and "| sum-int8 |" in text
     assert "what removing all KV I/O gains on this machine" in text
-    assert result["torch_threads"]["decode"]["sparse"] == 1 and "decode sparse 1" in text
+    planned = sparse["planned_selection_rates"]  # APP's estimate, shown beside the measured rates
+    assert 0 <= planned["cold"] <= 1 and 0 <= planned["hot"] <= 1 and "selection rate hot / cold planned" in text
+    sparse_threads = decode_threads("sparse")
+    assert result["torch_threads"]["decode"]["sparse"] == sparse_threads and f"decode sparse {sparse_threads}" in text
     assert "sparse-hit" in capsys.readouterr().err  # progress bars name the run
 
 
@@ -65,10 +69,22 @@ def test_recall_is_the_same_whether_the_prompt_is_fed_whole_or_in_chunks(tiny_mo
     assert chunked["edge_mass"] == pytest.approx(whole["edge_mass"], abs=1e-5)
 
 
+def _empty_result(score_bits: int) -> dict:
+    return {"model": "qwen2.5-0.5b", "context": 256, "batch": 1, "alpha": 0.2, "score_bits": score_bits,
+            "host_budget_bytes": 4096, "prompt_kv_bytes": 8192, "new_tokens": 2, "torch_threads": 1, "modes": {},
+            "recall": {}}
+
+
 def test_result_files_keep_a_dotted_model_name_whole(tmp_path):
-    result = {"model": "qwen2.5-0.5b", "context": 256, "batch": 1, "alpha": 0.2, "score_bits": 8,
-              "host_budget_bytes": 4096, "prompt_kv_bytes": 8192, "new_tokens": 2, "torch_threads": 1, "modes": {},
-              "recall": {}}
-    write_results(result, tmp_path)
+    write_results(_empty_result(8), tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["sparse-qwen2.5-0.5b-256-b1.json",
                                                                 "sparse-qwen2.5-0.5b-256-b1.md"]
+
+
+def test_an_int4_run_does_not_overwrite_the_int8_result(tmp_path):
+    write_results(_empty_result(8), tmp_path)
+    write_results(_empty_result(4), tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "sparse-qwen2.5-0.5b-256-b1-int4.json", "sparse-qwen2.5-0.5b-256-b1-int4.md",
+        "sparse-qwen2.5-0.5b-256-b1.json", "sparse-qwen2.5-0.5b-256-b1.md"]
+    assert "INT4 sketches" in (tmp_path / "sparse-qwen2.5-0.5b-256-b1-int4.md").read_text()

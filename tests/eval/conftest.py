@@ -20,7 +20,7 @@ CORPUS = generate_text(60_000, seed=5)
 
 @pytest.fixture(autouse=True)
 def one_torch_thread(request):
-    """As the sparse path decodes (kvtier.eval.threads): the scorer process needs the other core."""
+    """As the sparse path decodes (kvtier.threads): the scorer process needs the other core."""
     request.addfinalizer(functools.partial(torch.set_num_threads, torch.get_num_threads()))
     torch.set_num_threads(1)
 

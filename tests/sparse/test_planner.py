@@ -63,6 +63,23 @@ def test_calibration_is_cached_per_machine_and_refreshable(tmp_path, monkeypatch
     assert list(stored.values()) == [vars(RATES)] * 2
 
 
+def test_calibration_is_kept_per_torch_thread_count(tmp_path, monkeypatch):
+    """Host rates scale with torch's threads: a plan made for 1-thread decode must not use 2-thread rates."""
+    import torch
+
+    monkeypatch.setenv("KVTIER_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    monkeypatch.setattr(planner, "calibrate", lambda *args, **kwargs: calls.append(torch.get_num_threads()) or RATES)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 1):
+            torch.set_num_threads(count)
+            planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum")
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == [1, 2]
+
+
 def test_calibrate_measures_positive_rates_with_the_real_paths(tmp_path):
     import torch
 

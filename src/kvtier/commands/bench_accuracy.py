@@ -16,17 +16,19 @@ KV lives in the storage tier. Results: `<out>/accuracy-<model>.json` (machine, v
 settings, one entry per cell; finished cells are skipped on a re-run, `--force` reruns)
 and `accuracy-<model>.md`.
 
-Grids (torch on one thread; times for smollm2-135m and the modes dense, offload, sparse):
+Grids (torch on one thread; times for smollm2-135m on the 2-core development VM):
   small (default): context 1024; depths 0.1,0.5,0.9; all variants; 1 seed; 64
-      perplexity tokens: 27 needle + 3 perplexity cells. Measured on a 2-core VM where one
-      1024-token prefill takes ~30 s: 45 CPU-minutes, 101 minutes wall with the cores
-      shared by other jobs. Every further KV mode adds a third.
+      perplexity tokens: 9 needle + 1 perplexity cells per mode. With all six modes (60
+      cells) 7.4 minutes on the idle 2-core VM (2026-11-30); the same VM with its cores
+      shared by other jobs once took 101 minutes for three modes.
   full: contexts 1024, 2048, 4096, ... up to the model's context (less 256 tokens for the
       question and answer or the perplexity tokens); depths 0,0.25,0.5,0.75,1; all variants;
       3 seeds; 256 perplexity tokens: 576 cells for smollm2-135m (contexts up to 7936),
-      estimated ~30 hours on that VM (2.2 M prefill tokens at ~25 tokens/s, ~15K decode
-      steps at ~2 s). qwen2.5-0.5b and gemma3-270m (32K contexts, 4x / 2x the parameters)
-      take weeks there: run them a context at a time (`--contexts`); finished cells are kept.
+      for the modes dense, offload, sparse: estimated ~30 hours with the cores shared (2.2 M
+      prefill tokens at ~25 tokens/s, ~15K decode steps at ~2 s); the idle VM ran the small
+      grid's cells ~25x faster, so a few hours there (not run). qwen2.5-0.5b at 32K: 13-15
+      minutes per cell on the idle VM (one 32K prefill on one thread), so its full grid takes
+      days: run it a context at a time (`--contexts`); finished cells are kept.
 Options given explicitly (`--contexts`, `--depths`, ...) override the grid's values.
 """
 

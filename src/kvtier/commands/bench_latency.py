@@ -14,7 +14,7 @@ Results: `<out>/latency-<experiment>-<model>-<grid>.json` (machine, versions, se
 entry per cell); finished cells are skipped on a re-run (`--force` reruns them). Then
 `kvtier bench report` writes REPORT.md and the plots.
 
-Grids (2 cores; torch threads per phase and mode as kvtier.eval.threads; times for an idle machine):
+Grids (2 cores; torch threads per phase and mode as kvtier.threads; times for an idle machine):
   small (default): smollm2-135m; a) 1K, 2K, 4K; b) batch 1, 2, 4 and a stress run at 20
       (once), 16 output tokens; c-f at 2K; 8 timed steps; 3 repeats. With six modes: about
       0.9M prompt tokens and 2.4K decode steps, roughly 30-40 minutes.
@@ -46,7 +46,7 @@ from kvtier.eval.latency_grid import (EXPERIMENTS, GRIDS, Cell, Grid, experiment
                                       parse_modes, workload)
 from kvtier.eval.needle_grid import ANSWER_TOKENS
 from kvtier.eval.record import ResultStore
-from kvtier.eval.threads import machine_threads
+from kvtier.threads import machine_threads
 from kvtier.models.loader import load_model
 from kvtier.units import format_size
 
@@ -79,7 +79,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.eval.threads)
+    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.threads)
     grid = grid_from(args)
     letters, modes = parse_experiments(args.experiments), parse_modes(args.modes)
     if args.repeats < 1 or not 0 < args.host_share <= 1 or not 0 <= args.device_share <= 1:

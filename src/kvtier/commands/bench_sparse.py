@@ -13,7 +13,7 @@ sum/max head aggregation at full precision, INT8 and INT4.
 A `dense` row (every token in memory, full attention) shows what removing all KV I/O gains over
 offload on the machine: the room a tiered mode has. Prefill runs on every core; decode on one
 torch thread for the sparse path, whose scorer process holds the other core, and on every core
-for dense and offload (kvtier.eval.threads).
+for dense and offload (kvtier.threads).
 
 Cold reads are honest: the sparse cold pool and the offload KV file are read
 with O_DIRECT (the result says so; on a filesystem without O_DIRECT the
@@ -38,7 +38,8 @@ from kvtier.eval.attention_mass import DenseAttentionProbe
 from kvtier.eval.budgets import BudgetShares, budget_bytes, kv_bytes_per_token
 from kvtier.eval.decode_timing import measure_decode, prefill
 from kvtier.eval.record import machine_info
-from kvtier.eval.threads import decode_threads, describe_threads, machine_threads, thread_settings
+from kvtier.eval.traffic import sparse_details
+from kvtier.threads import decode_threads, describe_threads, machine_threads, thread_settings, torch_threads
 from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache
 from kvtier.kv.offload import OffloadCache
 from kvtier.models.loader import load_model
@@ -71,7 +72,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.eval.threads)
+    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.threads)
     check_writable(args.out)
     storage_dir = str(storage_directory(args.storage_dir))
     llm = load_model(args.model)
@@ -87,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
     if args.recalibrate:
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        result["calibration"] = vars(load_or_calibrate(storage_dir, heads, head_dim, model.dtype, args.score_bits,
-                                                       "sum", refresh=True))
+        with torch_threads(decode_threads("sparse")):  # the rates of the threads the sparse path decodes on
+            result["calibration"] = vars(load_or_calibrate(storage_dir, heads, head_dim, model.dtype,
+                                                           args.score_bits, "sum", refresh=True))
     if not args.skip_dense:  # what removing all KV I/O gains over offload on this machine
         result["modes"]["dense"] = _measure(model, make_cache(model, KVConfig(), ids.shape[1] + args.new_tokens + 1,
                                                               args.batch), ids, args, "dense")
@@ -133,24 +135,22 @@ def _measure(model, cache, ids: torch.Tensor, args: argparse.Namespace, label: s
 
 
 def _sparse_details(cache: SparseCache) -> dict:
-    summary = cache.stats.summary(skip=1)
-    moves, ping_pongs = cache.ping_pong()
+    """The sparse step summary the latency suite records too (kvtier.eval.traffic), plus the scorer's health."""
     runtime = cache.runtime
-    return {
+    return sparse_details(cache) | {
         "direct": runtime.cold.kv.direct,
-        "breakdown_ms": {part: summary[f"{part}_s"] * 1000 for part in ("score", "fetch", "attention", "migrate", "rest")},
-        "cold_selection_rate": summary["selected_cold"] / max(summary["pooled_cold"], 1),
-        "hot_selection_rate": summary["selected_hot"] / max(summary["pooled_hot"], 1),
-        "cold_share_of_pool": summary["pooled_cold"] / max(summary["pooled_cold"] + summary["pooled_hot"], 1),
-        "cold_pages_read_per_step": summary["cold_pages_read"],
-        "promotions_per_step": summary["promotions"],
-        "migrations": moves, "ping_pongs": ping_pongs, "ping_pong_rate": ping_pongs / moves if moves else 0.0,
-        "predicted_ms": {"T_CPU": summary["predicted_host_s"] * 1000, "T_storage": summary["predicted_storage_s"] * 1000},
-        "measured_ms": {"T_CPU": summary["host_time_s"] * 1000, "T_storage": summary["storage_time_s"] * 1000},
-        "beta": runtime.plan.beta_for_json if runtime.plan else None, "hot_tokens": runtime.hot_tokens,
         "scorer_round_trip_us": runtime.scorer.round_trip_s(repeats=200) * 1e6,
         "scorer_host_fallbacks": runtime.scorer.host_scored_requests,
     }
+
+
+def _rates_text(row: dict) -> str:
+    """APP's planned selection rates of the two pools next to the measured ones (results from 2026-11-30 on)."""
+    planned = row.get("planned_selection_rates")
+    if not planned:
+        return ""
+    return (f"; selection rate hot / cold planned {planned['hot']:.3f} / {planned['cold']:.3f}, measured "
+            f"{row['hot_selection_rate']:.3f} / {row['cold_selection_rate']:.3f}")
 
 
 def selection_recall(model, ids: torch.Tensor, alpha: float, prefill_chunk: int) -> dict:
@@ -183,6 +183,8 @@ def _edge_mass(masses: list[np.ndarray]) -> dict[str, float]:
 def write_results(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"sparse-{result['model']}-{result['context']}-b{result['batch']}"  # names may hold dots: qwen2.5-0.5b
+    if result["score_bits"] != SparseSettings.score_bits:  # an INT4 run sits beside the default's, not over it
+        stem += f"-int{result['score_bits']}"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))
@@ -218,7 +220,7 @@ def markdown(result: dict) -> str:
                          f"disk bytes per step; scorer round trip {row['scorer_round_trip_us']:.0f} us; "
                          f"APP predicted T_CPU {row['predicted_ms']['T_CPU']:.1f} ms / T_storage "
                          f"{row['predicted_ms']['T_storage']:.1f} ms, measured {row['measured_ms']['T_CPU']:.1f} / "
-                         f"{row['measured_ms']['T_storage']:.1f} ms (beta {row['beta']})")
+                         f"{row['measured_ms']['T_storage']:.1f} ms (beta {row['beta']}){_rates_text(row)}")
     lines += ["", "| estimate (aggregation-precision) | recall vs exact top-k | attention-mass recall |", "|---|---|---|"]
     estimates = {name: row for name, row in result["recall"].items() if name != "edge_mass"}
     lines += [f"| {name} | {row['recall']:.3f} | {row['mass_recall']:.3f} |" for name, row in estimates.items()]

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from kvtier.kv.factory import disk_bytes
+from kvtier.threads import torch_threads
 
 
 def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chunk: int = 1024,
@@ -24,17 +25,15 @@ def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chu
     on the first), then `new_tokens` timed steps. Returns timings, disk bytes per step and the
     generated token ids [B, warmup + new_tokens]. With a `label`, a progress bar of forward
     passes goes to stderr. `decode_threads` sets torch's threads for the decode steps only
-    (kvtier.eval.threads); prefill runs on the threads set when called."""
+    (kvtier.threads); prefill runs on the threads set when called."""
     prefill_passes = -(-ids.shape[1] // prefill_chunk)
     bar = tqdm(total=prefill_passes + warmup_steps + new_tokens, desc=label, unit="pass", file=sys.stderr,
                leave=False, disable=label is None)
-    threads = torch.get_num_threads()
     with torch.inference_mode(), bar:
         started = time.perf_counter()
         logits = prefill(model, cache, ids, prefill_chunk, bar.update)
         prefill_s = time.perf_counter() - started
-        torch.set_num_threads(decode_threads or threads)
-        try:
+        with torch_threads(decode_threads or torch.get_num_threads()):
             tokens = []
             for _ in range(warmup_steps):
                 logits = _step(model, cache, logits, tokens)
@@ -47,8 +46,6 @@ def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chu
                 step_s.append(time.perf_counter() - started)
                 bar.update()
             after = disk_bytes(cache)
-        finally:
-            torch.set_num_threads(threads)
     decode_s = sum(step_s)
     return {
         "prefill_s": prefill_s,

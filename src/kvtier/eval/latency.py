@@ -24,7 +24,7 @@ from kvtier.eval.decode_timing import measure_decode
 from kvtier.eval.latency_grid import Cell
 from kvtier.eval.needle_grid import needle_cell
 from kvtier.eval.record import spread
-from kvtier.eval.threads import decode_threads, thread_settings
+from kvtier.threads import decode_threads, thread_settings
 from kvtier.eval.traffic import cache_bypass, sparse_details, step_traffic
 from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache, tier_bytes
 from kvtier.sparse.cache import SparseCache, make_sparse_cache

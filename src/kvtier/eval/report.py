@@ -24,7 +24,7 @@ from kvtier.eval.needle_grid import needle_summary
 from kvtier.eval.perplexity import perplexity_summary
 from kvtier.eval.report_plots import Series, bar_plot, line_plot, pyplot, scatter_plot, stacked_bars
 from kvtier.eval.report_text import spread_text, tally_text
-from kvtier.eval.threads import describe_threads
+from kvtier.threads import describe_threads
 from kvtier.eval.traffic import DIRECTIONS
 from kvtier.kv.factory import KV_MODES
 from kvtier.units import format_size

@@ -86,18 +86,23 @@ def sparse_details(cache: SparseCache) -> dict:
     summary = cache.stats.summary(skip=1)
     plan = cache.runtime.plan
     pooled = summary.get("pooled_hot", 0.0) + summary.get("pooled_cold", 0.0)
+    moves, ping_pongs = cache.ping_pong()
     return {
         "breakdown_ms": {part: summary.get(f"{part}_s", 0.0) * 1000
                          for part in ("score", "fetch", "attention", "migrate", "rest")},
         "cold_selection_rate": summary.get("selected_cold", 0.0) / max(summary.get("pooled_cold", 0.0), 1),
+        "hot_selection_rate": summary.get("selected_hot", 0.0) / max(summary.get("pooled_hot", 0.0), 1),
         "hot_share": summary.get("pooled_hot", 0.0) / max(pooled, 1),
         "cold_pages_read_per_step": summary.get("cold_pages_read", 0.0),
         "promotions_per_step": summary.get("promotions", 0.0),
         "demotions_per_step": summary.get("demotions", 0.0),
+        "migrations": moves, "ping_pongs": ping_pongs, "ping_pong_rate": ping_pongs / moves if moves else 0.0,
         "predicted_ms": {"T_CPU": summary.get("predicted_host_s", 0.0) * 1000,
                          "T_storage": summary.get("predicted_storage_s", 0.0) * 1000},
         "measured_ms": {"T_CPU": summary.get("host_time_s", 0.0) * 1000,
                         "T_storage": summary.get("storage_time_s", 0.0) * 1000},
+        # APP's estimate of the pools' selection rates next to the measured ones above
+        "planned_selection_rates": {"hot": plan.alpha_host, "cold": plan.alpha_storage} if plan else None,
         "beta": plan.beta_for_json if plan else None,
         "capped_by_host_budget": plan.capped if plan else None,
         "hot_tokens": cache.runtime.hot_tokens,

@@ -20,11 +20,28 @@ Skew correction: HKM puts the important tokens in the hot pool, so the hot pool'
 rate alpha_c exceeds alpha and the cold pool's alpha_s falls below it. We estimate both from the
 prompt's observation-window importance (the same signal placement uses): place with beta, count
 how much of the top-alpha set lands hot and cold, recompute beta, and iterate to a fixed point.
+That estimate is in-sample (placement already put exactly that set hot), so with a hot pool larger
+than the top-alpha set it says alpha_s = 0, while decode picks some cold tokens: 0.9% of them at 8K
+(smollm2-135m) and 4.4% at 32K (qwen2.5-0.5b, hot 0.435 measured). A held-out estimate was tried on
+2026-11-30 (each window query alone picks its top-alpha set by raw inner products, as a decode step
+does): at 8K it planned 0.506 / 0.000 (hot / cold) against 0.491 / 0.009 measured, but at 32K
+0.187 / 0.209 against 0.435 / 0.044, which put T_CPU 2.7x low and T_storage 2.5x high; it was not
+kept. Results record the planned rates beside the measured ones (`planned_selection_rates`). The
+rest of the T_storage gap (8K: 59 ms predicted, 161 measured) is the cold fetch: B_s is calibrated
+on 20% of a pool's tokens, nearly every page, while decode reads a few scattered pages per layer,
+several times dearer per token.
 
 Units are tokens (of one layer and sequence) and tokens per second. `calibrate` measures the four
-throughputs on this machine with the real code paths (HotPool scoring and gather, the scorer
-process reading O_DIRECT sketches, cold K/V record reads) and caches them per machine, storage
-device and geometry in `<user cache>/sparse-calibration.json`; `refresh=True` measures again.
+throughputs on this machine with the real code paths (HotPool scoring, the gather-and-place copy of
+the selected tokens, the scorer process reading O_DIRECT sketches, cold K/V record reads) and caches
+them per machine, storage device, geometry and torch thread count in
+`<user cache>/sparse-calibration.json`; `refresh=True` measures again. The thread count is part of
+the key because the host rates scale with it (1 vs 2 threads on the 2-core VM: host scoring 28 vs
+49-56 M tokens/s, host fetch 1.7-2.7 vs 5.0-5.2 M) and the plan is made on the first decode step,
+so the rates must be those of the decode's threads (one for `--kv sparse` in the benchmarks: the
+scorer holds the other core). At 32K on qwen2.5-0.5b a calibration cached under the prefill's two
+threads predicted T_CPU 28.2 ms per step against 84.2 measured; under the decode's one thread,
+93.9 against 103.1 (`kvtier bench sparse --model qwen2.5-0.5b --context 32000 --score-bits 4`).
 """
 
 from __future__ import annotations
@@ -53,7 +70,8 @@ from kvtier.storage import IOEngine
 
 log = logging.getLogger(__name__)
 CALIBRATION_TOKENS = 16384
-CALIBRATION_VERSION = 2  # part of the cache key: bump when `calibrate` measures something new (2: round trip)
+CALIBRATION_VERSION = 3  # part of the cache key: bump when `calibrate` measures something new (2: round trip,
+# 3: host fetch includes placing the tokens, as decode does)
 SKEW_ITERATIONS = 4
 
 
@@ -138,13 +156,15 @@ def _selection_rates(importance: np.ndarray, alpha: float, hot_tokens: int) -> t
 
 def calibration_key(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str,
                     block_tokens: int) -> str:
-    return (f"{platform.node()}|cpus{os.cpu_count()}|dev{os.stat(directory).st_dev}|{heads}x{head_dim}|"
-            f"{str(dtype).removeprefix('torch.')}|int{bits}|{aggregation}|block{block_tokens}|v{CALIBRATION_VERSION}")
+    return (f"{platform.node()}|cpus{os.cpu_count()}|threads{torch.get_num_threads()}|dev{os.stat(directory).st_dev}|"
+            f"{heads}x{head_dim}|{str(dtype).removeprefix('torch.')}|int{bits}|{aggregation}|block{block_tokens}|"
+            f"v{CALIBRATION_VERSION}")
 
 
 def load_or_calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str,
                       refresh: bool = False, block_tokens: int = SparseSettings.score_block_tokens) -> Throughputs:
-    """Cached throughputs for this machine and geometry, measuring them first when missing or `refresh`.
+    """Cached throughputs for this machine, geometry and the current torch thread count, measuring them
+    first when missing or `refresh`. Call it under the thread count decode will use.
 
     `block_tokens`: the scorer's score-block size, which sets its per-block overhead (settings.py).
     """
@@ -172,8 +192,7 @@ def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bit
     hot = HotPool(1, heads, head_dim, dtype)
     hot.append(keys, keys, np.arange(tokens)[None, :])
     host_score = tokens / _median_time(lambda: hot.score(query, aggregation))
-    index = torch.from_numpy(picks)
-    host_fetch = len(picks) / _median_time(lambda: (hot.keys[0][:, index], hot.values[0][:, index]))
+    host_fetch = len(picks) / _median_time(_gather_and_place(hot, picks))
     fmt = SketchFormat.for_keys(bits, heads, head_dim)
     channel = Channel.create(ChannelSpec(1, 1, heads, 1, head_dim, tokens))
     with IOEngine(4) as io, tempfile.TemporaryDirectory(dir=directory) as scratch:
@@ -193,6 +212,15 @@ def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bit
             cold.close()
             channel.close()
     return Throughputs(host_score, storage_score, host_fetch, storage_fetch, round_trip)
+
+
+def _gather_and_place(hot: HotPool, picks: np.ndarray):
+    """The hot fetch of a decode step (SparseLayer._fetch): select the picked K and V, copy them to their places."""
+    index = torch.from_numpy(picks)
+    place = torch.from_numpy(np.random.default_rng(1).permutation(len(picks)))
+    targets = [torch.empty_like(pool[0][:, index]) for pool in (hot.keys, hot.values)]
+    return lambda: [target.index_copy_(1, place, pool[0].index_select(1, index))
+                    for target, pool in zip(targets, (hot.keys, hot.values))]
 
 
 def _median_time(action, repeats: int = 5) -> float:

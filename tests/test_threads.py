@@ -1,0 +1,36 @@
+"""Torch threads per phase and mode: the sparse path leaves one core to its scorer, every other mode uses all."""
+
+import torch
+
+from kvtier.threads import decode_threads, describe_threads, machine_threads, thread_settings, torch_threads
+
+
+def test_only_modes_with_a_scorer_process_leave_a_core_free():
+    assert decode_threads("sparse") == decode_threads("sparse-naive") == max(1, machine_threads() - 1)
+    for mode in ("dense", "offload", "h2o", "infinigen", "leoam"):
+        assert decode_threads(mode) == machine_threads()
+
+
+def test_a_scorer_mode_keeps_one_thread_on_one_core(monkeypatch):
+    monkeypatch.setattr("kvtier.threads.machine_threads", lambda: 1)
+    assert decode_threads("sparse") == 1
+    monkeypatch.setattr("kvtier.threads.machine_threads", lambda: 16)
+    assert decode_threads("sparse") == 15 and decode_threads("offload") == 16
+
+
+def test_torch_threads_restores_the_count_even_after_an_error():
+    before = torch.get_num_threads()
+    try:
+        with torch_threads(before + 1):
+            assert torch.get_num_threads() == before + 1
+            raise RuntimeError("inside")
+    except RuntimeError:
+        pass
+    assert torch.get_num_threads() == before
+
+
+def test_recorded_threads_read_back_as_text():
+    sparse = max(1, machine_threads() - 1)
+    assert describe_threads(thread_settings()) == (f"prefill {machine_threads()}; decode sparse {sparse}, "
+                                                   f"other modes {machine_threads()}")
+    assert describe_threads(1) == "1 (prefill and decode, every mode)"  # results from before per-phase threads
