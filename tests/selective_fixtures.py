@@ -7,17 +7,15 @@ One thread keeps these tests fast and does not change any result.
 """
 
 import pytest
-import torch
 
 import tiny_models
+from kvtier.threads import torch_threads
 
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")

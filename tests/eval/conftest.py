@@ -4,25 +4,24 @@ The tokenizer knows every word of the synthetic corpus and of the needles, so ha
 tokenize to real ids; the random model answers nonsense, which is all mechanics tests need.
 """
 
-import functools
 import re
 
 import pytest
-import torch
 
 import tiny_models
 from kvtier.data.corpus import generate_text
 from kvtier.data.needle import make_needles
 from kvtier.models.loader import load_model
+from kvtier.threads import torch_threads
 
 CORPUS = generate_text(60_000, seed=5)
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread(request):
-    """As the sparse path decodes (kvtier.threads): the scorer process needs the other core."""
-    request.addfinalizer(functools.partial(torch.set_num_threads, torch.get_num_threads()))
-    torch.set_num_threads(1)
+def one_torch_thread():
+    """As the sparse path decodes on the 2-core VM (kvtier.threads): the scorer process needs the other core."""
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")

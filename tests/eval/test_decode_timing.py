@@ -6,6 +6,7 @@ from transformers import DynamicCache
 
 from kvtier.eval.decode_timing import measure_decode
 from kvtier.kv.factory import KVConfig, close_cache, make_cache
+from kvtier.threads import torch_threads
 
 
 def test_times_every_step_and_counts_disk_bytes(tiny_llm, tmp_path, capsys):
@@ -40,13 +41,9 @@ class _ThreadSpy(DynamicCache):
 
 def test_decode_threads_apply_to_the_steps_only_and_are_restored(tiny_llm):
     model = tiny_llm.model
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         cache = _ThreadSpy(model.config)
         measure_decode(model, cache, torch.randint(0, model.config.vocab_size, (1, 40)), new_tokens=2,
                        prefill_chunk=32, decode_threads=1)
         assert cache.threads == [(32, 2), (8, 2), (1, 1), (1, 1), (1, 1)]  # two prompt chunks, warm-up, 2 steps
         assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)

@@ -6,6 +6,7 @@ import pytest
 
 from kvtier.sparse import planner
 from kvtier.sparse.planner import Throughputs, balanced_beta, plan_split, predicted_times
+from kvtier.threads import torch_threads
 
 RATES = Throughputs(host_score=8e6, storage_score=1e6, host_fetch=4e6, storage_fetch=2e5)
 
@@ -70,13 +71,9 @@ def test_calibration_is_kept_per_torch_thread_count(tmp_path, monkeypatch):
     monkeypatch.setenv("KVTIER_CACHE_DIR", str(tmp_path / "cache"))
     calls = []
     monkeypatch.setattr(planner, "calibrate", lambda *args, **kwargs: calls.append(torch.get_num_threads()) or RATES)
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2, 1):
-            torch.set_num_threads(count)
+    for count in (1, 2, 1):
+        with torch_threads(count):
             planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum")
-    finally:
-        torch.set_num_threads(threads)
     assert calls == [1, 2]
 
 

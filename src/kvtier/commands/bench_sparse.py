@@ -12,8 +12,8 @@ sum/max head aggregation at full precision, INT8 and INT4.
 
 A `dense` row (every token in memory, full attention) shows what removing all KV I/O gains over
 offload on the machine: the room a tiered mode has. Prefill runs on every core; decode on one
-torch thread for the sparse path, whose scorer process holds the other core, and on every core
-for dense and offload (kvtier.threads).
+core fewer for the sparse path, whose scorer process holds a core (one thread on 2 cores), and on
+every core for dense and offload (kvtier.threads).
 
 Cold reads are honest: the sparse cold pool and the offload KV file are read
 with O_DIRECT (the result says so; on a filesystem without O_DIRECT the

@@ -27,7 +27,7 @@ than the top-alpha set it says alpha_s = 0, while decode picks some cold tokens:
 does): at 8K it planned 0.506 / 0.000 (hot / cold) against 0.491 / 0.009 measured, but at 32K
 0.187 / 0.209 against 0.435 / 0.044, which put T_CPU 2.7x low and T_storage 2.5x high; it was not
 kept. Results record the planned rates beside the measured ones (`planned_selection_rates`). The
-rest of the T_storage gap (8K: 59 ms predicted, 161 measured) is the cold fetch: B_s is calibrated
+rest of the T_storage gap (8K: 58.5 ms predicted, 140.1 measured) is the cold fetch: B_s is calibrated
 on 20% of a pool's tokens, nearly every page, while decode reads a few scattered pages per layer,
 several times dearer per token.
 
