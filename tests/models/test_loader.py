@@ -150,3 +150,20 @@ def test_smollm2_loads_from_its_safetensors_copy(monkeypatch):
     monkeypatch.setattr(loader, "_convert_gguf", lambda *args: pytest.fail("converted again"))
     again = load_model("smollm2-135m")
     assert torch.equal(again.model.model.embed_tokens.weight, llm.model.model.embed_tokens.weight)
+
+
+def test_dummy_format_needs_only_config_and_tokenizer_and_is_seeded(tiny_hf_dir, tmp_path):
+    no_weights = _copy_of(tiny_hf_dir, tmp_path / "no-weights")
+    (no_weights / "model.safetensors").unlink()
+    with pytest.raises(ModelError):  # the default format insists on the weights
+        load_model(str(no_weights))
+    first, second = (load_model(str(no_weights), dtype="bfloat16", load_format="dummy") for _ in range(2))
+    assert first.model_id == f"hf:{no_weights.resolve()}+dummy-weights"  # never shares KV files with real weights
+    assert first.dtype == torch.bfloat16 and first.model.training is False
+    assert first.tokenizer("the sea")["input_ids"] == [2, 7]
+    weight = first.model.model.layers[1].self_attn.k_proj.weight
+    assert torch.equal(weight, second.model.model.layers[1].self_attn.k_proj.weight)
+    saved = load_file(tiny_hf_dir / "model.safetensors")["model.layers.1.self_attn.k_proj.weight"]
+    assert not torch.equal(weight.float(), saved)
+    with pytest.raises(ConfigError, match="unknown load format 'fast'"):
+        load_model(str(no_weights), load_format="fast")

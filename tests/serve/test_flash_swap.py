@@ -3,28 +3,12 @@ import os
 import pytest
 import torch
 
-from kvtier.errors import ChecksumError
+from swap_pools import GEOMETRY, clear, filled_pool, snapshot
+
+from kvtier.errors import ChecksumError, ConfigError
 from kvtier.serve.flash_swap import FlashSwap
 from kvtier.serve.kv_pool import KVPool
-from kvtier.storage import KVGeometry
 from kvtier.storage.flash_log import FlashFullError
-
-# 2 heads x 64 dims x fp32 x 16 tokens = 8 KiB blocks: page multiples, so no bounce copies.
-GEOMETRY = KVGeometry(num_layers=2, num_kv_heads=2, head_dim=64, dtype="float32")
-
-
-def filled_pool(blocks: int = 6) -> KVPool:
-    pool = KVPool(GEOMETRY, blocks, 16)
-    generator = torch.Generator().manual_seed(0)
-    for layer in range(GEOMETRY.num_layers):
-        for kind in (0, 1):
-            pool.blocks[layer][kind].copy_(torch.randn(pool.blocks[layer][kind].shape, generator=generator))
-    return pool
-
-
-def snapshot(pool: KVPool, blocks: list[int]) -> list[torch.Tensor]:
-    return [pool.blocks[layer][kind][block].clone() for layer in range(GEOMETRY.num_layers)
-            for kind in (0, 1) for block in blocks]
 
 
 def test_swap_out_then_in_restores_blocks_straight_from_pool_memory(flash_path):
@@ -35,9 +19,7 @@ def test_swap_out_then_in_restores_blocks_straight_from_pool_memory(flash_path):
         pending = swap.swap_out([4, 1, 3])
         pending.wait()
         assert pending.slots == [0, 1, 2]
-        for layer in range(GEOMETRY.num_layers):
-            for kind in (0, 1):
-                pool.blocks[layer][kind].zero_()
+        clear(pool)
         swap.swap_in(pending.slots, [0, 2, 5])
         assert all(torch.equal(a, b) for a, b in zip(expected, snapshot(pool, [0, 2, 5])))
         assert swap.io.stats.bounce_copies == 0
@@ -102,3 +84,10 @@ def test_a_corrupted_block_is_detected_on_swap_in_and_its_slots_released(flash_p
         assert swap.allocator.live == 0
     finally:
         swap.close()
+
+
+def test_a_pool_off_the_host_is_refused_with_a_pointer_to_the_gpu_backend(flash_path):
+    pool = KVPool(GEOMETRY, 2, 16, device="meta")  # any non-CPU device: this path pwritev()s host memory
+    with pytest.raises(ConfigError, match="GdsFlashSwap"):
+        FlashSwap(pool, flash_path, num_slots=4, model_id="tiny")
+    assert not os.path.exists(flash_path)

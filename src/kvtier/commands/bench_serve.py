@@ -9,6 +9,10 @@ the flash run took 704 s and swapped nothing (0 swap-outs), because admission st
 next 2K-8K prompt does not fit and the room it leaves covers the running sequences' 128-token
 growth; with short prompts and >= 32 new tokens, growth outruns the pool and forces swapping.
 
+`--device cuda` runs the model and the KV pool on a GPU, where flash swap goes through kvikio
+(gds_swap.py); `--load-format dummy` gives the model random weights in its real architecture, for
+GPU machines that hold a model's config and tokenizer but not its weights (bench/gpu/check.sh).
+
 `add_parser` takes the sub-command group of `kvtier bench` (it adds `serve` to it).
 """
 
@@ -20,9 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvtier.commands.kv_options import add_model_option
+from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import StorageError
-from kvtier.models.loader import load_model
+from kvtier.models.loader import LOAD_FORMATS, load_model
 from kvtier.models.paths import cache_dir
 from kvtier.serve.bench import SWEEP_BLOCKS, run_serve_benchmark
 from kvtier.serve.workload import Workload
@@ -35,6 +39,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser("serve", help="flash swap vs DRAM swap under continuous batching (HiFC)",
                                    description=__doc__.split("\n\n")[1])
     add_model_option(parser)
+    add_dtype_option(parser)
+    parser.add_argument("--device", default="cpu",
+                        help="where the model and the KV pool live: cpu, cuda or cuda:N (default %(default)s); "
+                             "on a GPU, flash swap goes through kvikio (GPUDirect Storage)")
+    parser.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                        help="auto: the model's weights; dummy: random weights in its architecture (throughput "
+                             "only, outputs meaningless; for machines without the weights) (default %(default)s)")
     parser.add_argument("--scale", type=float, default=DEFAULT_SCALE,
                         help="fraction of the issue's workload (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="flash/DRAM repeats for medians (default %(default)s)")
@@ -59,13 +70,14 @@ def run(args: argparse.Namespace) -> int:
         raise StorageError(f"flash directory {flash_dir} is not a directory; pass another --flash-dir")
     sweep = tuple(int(value) for value in args.sweep.split(",") if value.strip())
     workload = Workload().scaled(args.scale)
-    llm = load_model(args.model)
+    llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     say(f"[bench serve] {llm.name}: {workload.requests} requests of {workload.min_prompt_tokens}-"
         f"{workload.max_prompt_tokens} tokens, {workload.new_tokens} new tokens each (scale {args.scale})")
     result = run_serve_benchmark(llm, workload, flash_dir, args.block_tokens, args.repeats, args.io_threads,
                                  parse_size(args.init_size), sweep, args.extra_runs, say)
-    result = {"model": llm.name, "scale": args.scale} | result
+    result = {"model": llm.name, "scale": args.scale, "device": args.device, "dtype": args.dtype,
+              "load_format": args.load_format} | result
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serve.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "serve.md").write_text(render_markdown(result))
@@ -84,8 +96,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"prompt tokens, {workload['new_tokens']} new tokens each (`--scale {result['scale']}` of the issue's "
         f"32 x 2K-8K); device pool {workload['device_blocks']} blocks of {workload['block_tokens']} tokens "
         f"(~{workload['pool_fraction']:.0%} of the demand). {_repeats_text(result['io']['repeats'])} "
-        f"Flash I/O: {'O_DIRECT' if result['io']['flash_direct_io'] else 'buffered (no O_DIRECT here)'}, "
-        f"{result['io']['threads']} threads.",
+        f"{'One untimed warm-up run per block size. ' if result.get('device', 'cpu').startswith('cuda') else ''}"
+        f"Model and KV pool on {result.get('device', 'cpu')} ({result.get('dtype', 'float32')}"
+        f"{', random weights: --load-format dummy' if result.get('load_format') == 'dummy' else ''}). "
+        f"Flash I/O: {_flash_io(result['io'])}; {result['io']['threads']} threads.",
         "",
         f"**flash / DRAM throughput: {result['flash_vs_dram']:.3f}** (target >= 0.95); "
         f"identical outputs across backends: {result['same_outputs']}",
@@ -126,6 +140,13 @@ def render_markdown(result: dict[str, Any]) -> str:
               f"{init['flash_open_s'] * 1000:.1f} ms (creating it took {init['flash_create_s'] * 1000:.1f} ms) vs "
               f"allocating the DRAM pool {init['dram_alloc_s'] * 1000:.1f} ms.", ""]
     return "\n".join(lines)
+
+
+def _flash_io(io: dict[str, Any]) -> str:
+    """How flash bytes moved; results written before the kvikio backend only say whether O_DIRECT was on."""
+    if io.get("flash_io"):
+        return io["flash_io"]
+    return "O_DIRECT" if io["flash_direct_io"] else "buffered (no O_DIRECT here)"
 
 
 def _naive_row(naive: dict[str, Any] | None) -> str:

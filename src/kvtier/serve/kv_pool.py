@@ -5,9 +5,8 @@ Each (layer, K|V) pool is one buffer of `num_blocks` blocks, viewed as a tensor
 bytes apart (the payload rounded up to 4 KiB), so every block starts on a page:
 on the CPU the buffer comes from `aligned_buffer`, and a swap-out hands the
 block's own memory to pwritev with O_DIRECT, without a staging copy. On CUDA the
-pool is device memory, served by the DRAM swap backend's device-to-host copies; the
-flash backend refuses it, because the kvikio (GPUDirect Storage) path hifc.txt
-describes is not written: no GPU was available to build and test it on.
+pool is device memory: flash swap moves it with kvikio (GPUDirect Storage,
+gds_swap.py), DRAM swap with device-to-host copies.
 """
 
 from __future__ import annotations
@@ -51,6 +50,10 @@ class KVPool:
         """
         return self._raw[layer][kind][self.layout.payload_span(block)]
 
+    def block_rows(self, layer: int, kind: int) -> torch.Tensor:
+        """uint8 [num_blocks, block_stride] view of one (layer, K|V) pool: row b is block b and its padding."""
+        return _as_tensor(self._raw[layer][kind]).view(self.num_blocks, self.layout.block_stride)
+
     def _backing(self) -> np.ndarray | torch.Tensor:
         nbytes = self.num_blocks * self.layout.block_stride
         if self.device.type == "cpu":
@@ -58,9 +61,13 @@ class KVPool:
         return torch.zeros(nbytes, dtype=torch.uint8, device=self.device)
 
     def _as_blocks(self, raw: np.ndarray | torch.Tensor) -> torch.Tensor:
-        flat = torch.from_numpy(raw) if isinstance(raw, np.ndarray) else raw
-        typed = flat.view(self.dtype)
+        typed = _as_tensor(raw).view(self.dtype)
         heads, dim = self.geometry.num_kv_heads, self.geometry.head_dim
         stride = self.layout.block_stride // self.geometry.itemsize
         return typed.as_strided((self.num_blocks, self.block_tokens, heads, dim),
                                 (stride, heads * dim, dim, 1))
+
+
+def _as_tensor(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """The pool's bytes as a uint8 tensor sharing their memory."""
+    return torch.from_numpy(raw) if isinstance(raw, np.ndarray) else raw

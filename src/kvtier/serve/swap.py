@@ -77,6 +77,11 @@ class SwapBackend(ABC):
         return self.allocator.num_slots
 
     @property
+    @abstractmethod
+    def io_backend(self) -> str:
+        """How the bytes move (e.g. O_DIRECT, kvikio's mode, device-to-host copies), for results."""
+
+    @property
     def block_bytes(self) -> int:
         """Bytes one device block holds over all layers and both kinds (what one slot stores)."""
         return self.pool.geometry.num_layers * 2 * self.pool.layout.block_bytes

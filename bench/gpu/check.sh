@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU checks of the kvikio (GPUDirect Storage) flash path, in one go: what README's GPU numbers
+# come from. Run from the repository root on a machine with a CUDA device and torch:
+#   OUT=bench/results/gpu MODEL_DIR=<dir with config.json + tokenizer> bench/gpu/check.sh
+# kvikio comes from an installed package or from wheels in .whl/ (kvikio-cu13, libkvikio-cu13,
+# rapids-logger; crc32c and gguf too where kvtier's own dependencies are missing). MODEL_DIR needs
+# no weights: the benchmark runs with --load-format dummy (random weights in the real architecture).
+set -uo pipefail
+OUT=${OUT:-bench/results/gpu}
+MODEL_DIR=${MODEL_DIR:-.gpu/smollm2-135m}
+FLASH_DIR=${FLASH_DIR:-$PWD/.flash}
+mkdir -p "$OUT" "$FLASH_DIR"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/kvtier-site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/kvtier-site
+fi
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+KVTIER=(python3 -c 'import sys; from kvtier.cli import main; sys.exit(main())')
+progress_free() { grep -v --line-buffered 'it/s\]\|req/s\]'; }
+
+{
+    nvidia-smi -L
+    df -hT "$FLASH_DIR" /tmp
+    python3 -c "import torch, transformers, kvikio, kvikio.defaults as d
+print('torch', torch.__version__, torch.cuda.get_device_name(), '| transformers', transformers.__version__,
+      '| kvikio', kvikio.__version__, '| compat mode preferred:', d.is_compat_mode_preferred())"
+} 2>&1 | tee "$OUT/machine.txt"
+
+[ "${SKIP_TESTS:-0}" = 1 ] || timeout 150 python3 -m pytest -q -p no:cacheprovider tests/serve/test_gds_swap_gpu.py tests/serve/test_gds_swap.py \
+    tests/serve/test_device_checksum.py tests/serve/test_engine.py 2>&1 | tee "$OUT/pytest.log"
+
+# The default scale: at --scale 0.125 the pool pressure made a single swap-out per run (too few to
+# compare backends); see the README.
+timeout "${BENCH_TIMEOUT:-400}" "${KVTIER[@]}" bench serve --model "$MODEL_DIR" --load-format dummy --device cuda \
+    --dtype bfloat16 --repeats 3 --sweep 16,64,256 --flash-dir "$FLASH_DIR" --out "$OUT" 2>&1 | progress_free \
+    | tee "$OUT/bench-serve.log"
