@@ -1,6 +1,20 @@
-"""Shared test set-up: make tests/ importable (tiny_models) under pytest's importlib mode."""
+"""Shared test set-up: make tests/ importable (tiny_models) under pytest's importlib mode, and keep
+the APP calibrations that tests make out of the user's kvtier cache."""
 
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(autouse=True)
+def calibration_outside_the_user_cache(monkeypatch, tmp_path_factory):
+    """Calibrations go to this session's temp directory (shared by its tests: calibrating takes seconds).
+
+    Only the planner's cache directory moves: the packaged models stay where `kvtier models pull` put them.
+    """
+    from kvtier.sparse import planner
+
+    monkeypatch.setattr(planner, "cache_dir", tmp_path_factory.getbasetemp)

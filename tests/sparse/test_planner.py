@@ -50,7 +50,7 @@ def test_host_budget_caps_the_hot_pool():
 
 
 def test_calibration_is_cached_per_machine_and_refreshable(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVTIER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(planner, "cache_dir", lambda: tmp_path / "cache")
     calls = []
     monkeypatch.setattr(planner, "calibrate", lambda *args, **kwargs: calls.append(kwargs) or RATES)
     first = planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum")
@@ -68,7 +68,7 @@ def test_calibration_is_kept_per_torch_thread_count(tmp_path, monkeypatch):
     """Host rates scale with torch's threads: a plan made for 1-thread decode must not use 2-thread rates."""
     import torch
 
-    monkeypatch.setenv("KVTIER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(planner, "cache_dir", lambda: tmp_path / "cache")
     calls = []
     monkeypatch.setattr(planner, "calibrate", lambda *args, **kwargs: calls.append(torch.get_num_threads()) or RATES)
     for count in (1, 2, 1):
