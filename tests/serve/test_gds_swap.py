@@ -140,3 +140,24 @@ def test_without_kvikio_the_error_says_what_to_install(flash_path, monkeypatch):
 def test_the_engine_moves_gpu_pools_with_kvikio_and_host_pools_with_o_direct():
     assert flash_backend(torch.device("cuda", 0)) is GdsFlashSwap
     assert flash_backend(torch.device("cpu")) is FlashSwap
+
+
+def test_a_request_refused_at_submission_is_a_storage_error_after_the_others_finish(flash_path):
+    swap = posix_swap(flash_path)
+    try:
+        pending = swap.swap_out([0, 1])
+        pending.wait()
+        submitted = []
+
+        def refuse_the_third(buffer, size, file_offset):
+            if len(submitted) == 2:
+                raise RuntimeError("cuFile: bad address")
+            submitted.append(file_offset)
+            return _Done(size)
+
+        swap.cufile.pread = refuse_the_third
+        with pytest.raises(StorageError, match="pread failed: cuFile: bad address"):
+            swap.swap_in(pending.slots, [2, 3])
+        assert len(submitted) == 2 and swap.allocator.live == 0
+    finally:
+        swap.close()

@@ -123,23 +123,29 @@ class GdsFlashSwap(FlashSwap):
     def _transfer(self, verb: str, staged: dict[tuple[int, int], torch.Tensor], slots: list[int]) -> None:
         """One kvikio request per (layer, kind) and run of consecutive slots; wait for all of them."""
         requests = []
-        for (layer, kind), rows in staged.items():
-            for span in consecutive_spans(slots):
-                run = rows[span]
-                offset = self.file.layout.offset(layer, kind, slots[span.start])
-                buffer = run.numpy() if run.device.type == "cpu" else run  # kvikio takes host memory as buffers
-                requests.append((getattr(self._cufile, verb)(buffer, run.nbytes, offset), run.nbytes, offset))
+        try:
+            for (layer, kind), rows in staged.items():
+                for span in consecutive_spans(slots):
+                    run = rows[span]
+                    offset = self.file.layout.offset(layer, kind, slots[span.start])
+                    buffer = run.numpy() if run.device.type == "cpu" else run  # kvikio takes host memory as arrays
+                    requests.append((getattr(self._cufile, verb)(buffer, run.nbytes, offset), run.nbytes, offset))
+        except (RuntimeError, OSError) as error:  # refused at submission: let the requests in flight finish first
+            _wait_all(requests, verb, self.file.path)
+            raise StorageError(f"{self.file.path}: {verb} failed: {error}") from error
         _wait_all(requests, verb, self.file.path)
 
     def _verify(self, staged: dict[tuple[int, int], torch.Tensor], slots: list[int]) -> None:
+        """Compare every staged block's checksum with the one recorded at swap-out (one device sync in all)."""
         block_bytes = self.pool.layout.block_bytes
-        for (layer, kind), rows in staged.items():
-            found = block_checksums(rows[:, :block_bytes])
-            bad = (found != self._checksums[layer, kind, slots]).any(dim=1).nonzero()
-            if bad.numel():
-                slot = slots[int(bad[0])]
-                raise ChecksumError(f"{self.file.path}: checksum mismatch in layer {layer} {KIND_NAMES[kind]} "
-                                    f"slot {slot}; the flash cache file is damaged")
+        found = torch.stack([block_checksums(rows[:, :block_bytes]) for rows in staged.values()])
+        stored = self._checksums[:, :, slots].reshape(found.shape)  # (layer, kind) in `_parts` order, as staged
+        bad = (found != stored).any(dim=2).nonzero()
+        if bad.numel():
+            part, row = (int(value) for value in bad[0])
+            layer, kind = list(staged)[part]
+            raise ChecksumError(f"{self.file.path}: checksum mismatch in layer {layer} {KIND_NAMES[kind]} "
+                                f"slot {slots[row]}; the flash cache file is damaged")
 
     def close(self) -> None:
         self._submitter.shutdown(wait=True)  # no write may still be using the file
