@@ -119,10 +119,12 @@ class _Runner:
     def warm_up(self, block_tokens: int) -> None:
         """On a GPU, one untimed run per block size before the timed ones.
 
-        The first run at a new block size pays for CUDA's lazy start-up and the caching allocator's
-        first cudaMallocs of that run's shapes, whichever backend it uses: on the H200, the first
-        flash run at block 64 made 13 tok/s against 112-124 for every later run of either backend,
-        and a sweep row run flash-first gave flash/DRAM 0.44 at block 16. A CPU has no such
+        On the H200 the first run at a new block size was slow whichever backend it used (CUDA's
+        lazy start-up and first allocations of the run's shapes, most likely): the first flash run
+        at block 64 made 13 tok/s against 112-124 for every later run, and a sweep row run
+        flash-first gave flash/DRAM 0.44 at block 16 without the warm-up, 0.79 with it. It does not
+        cover kvikio's own first use: the first flash run after it still made 44.5 tok/s (cause not
+        profiled; the median of 3 runs leaves it out of the main ratio). A CPU has no such
         first-run cost (sweep rows within +-6% without a warm-up), so none is spent there.
         """
         if self.llm.model.device.type == "cuda":
