@@ -3,7 +3,9 @@
 import os
 
 import pytest
+import serve_pressure
 import torch
+from serve_pressure import LONG, PRESSURE
 
 from kvtier.errors import ConfigError
 from kvtier.serve.engine import EngineConfig, LLMEngine
@@ -11,17 +13,10 @@ from kvtier.serve.sequence import SamplingParams
 
 BLOCK = 16
 
-# Short prompts and long answers: demand grows during decode (8 x up to 7 blocks) far past the
-# 8-block pool, so sequences are preempted and resumed over and over.
-PRESSURE = {"device_blocks": 8, "swap_space": str(64 * 4 * 4096)}  # 64 slots of 4 pages (2 layers x K/V)
-LONG = SamplingParams(max_new_tokens=60, ignore_eos=True)
-
 
 @pytest.fixture(scope="module")
 def short_prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(2)
-    lengths = torch.randint(8, 40, (8,), generator=generator).tolist()
-    return [torch.randint(0, 128, (n,), generator=generator).tolist() for n in lengths]
+    return serve_pressure.short_prompts()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-from swap_pools import GEOMETRY, clear, filled_pool, snapshot
+from swap_pools import GEOMETRY, clear, filled_pool, snapshot, swapped_out_then_damaged
 
 from kvtier.errors import ChecksumError, ConfigError
 from kvtier.serve.flash_swap import FlashSwap
@@ -73,12 +73,7 @@ def test_a_corrupted_block_is_detected_on_swap_in_and_its_slots_released(flash_p
     pool = filled_pool()
     swap = FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=2, segment_slots=4)
     try:
-        pending = swap.swap_out([0, 1])
-        pending.wait()
-        offset = swap.file.layout.offset(1, 1, pending.slots[1])  # layer 1, V, second block
-        with open(flash_path, "r+b") as raw:
-            raw.seek(offset)
-            raw.write(b"\xff" * 64)
+        pending = swapped_out_then_damaged(swap, [0, 1], layer=1, kind=1, which=1, byte=0)  # layer 1, V, block 1
         with pytest.raises(ChecksumError, match="layer 1 V block 1"):
             swap.swap_in(pending.slots, [2, 3])
         assert swap.allocator.live == 0

@@ -45,11 +45,15 @@ class PosixCuFile:
 
 
 def posix_swap(path: str, **options) -> GdsFlashSwap:
+    """A GdsFlashSwap over PosixCuFile; the stand-in is `swap.cufile`, for tests that inspect or rig it."""
     options = {"num_slots": 8, "segment_slots": 4} | options
     opened = []
-    swap = GdsFlashSwap(filled_pool(), path, model_id="tiny", io_threads=2,
-                        open_file=lambda file, threads: opened.append(PosixCuFile(file)) or (opened[0], "posix", True),
-                        **options)
+
+    def open_posix(file: str, threads: int):
+        opened.append(PosixCuFile(file))
+        return opened[0], "posix", True
+
+    swap = GdsFlashSwap(filled_pool(), path, model_id="tiny", io_threads=2, open_file=open_posix, **options)
     swap.cufile = opened[0]
     return swap
 

@@ -13,16 +13,13 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the kvikio flash path needs a GPU", allow_module_level=True)
 pytest.importorskip("kvikio", reason="kvikio is not installed (pip install kvikio-cu12 or kvikio-cu13)")
 
+from serve_pressure import LONG, PRESSURE, short_prompts  # noqa: E402
 from swap_pools import clear, filled_pool, snapshot, swapped_out_then_damaged  # noqa: E402
 
 from kvtier.errors import ChecksumError  # noqa: E402
 from kvtier.serve.gds_swap import GdsFlashSwap  # noqa: E402
-from kvtier.serve.sequence import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-# As in test_engine.py: 8 prompts growing by 60 tokens each overrun an 8-block pool again and again.
-PRESSURE = {"device_blocks": 8, "swap_space": str(64 * 4 * 4096)}
-LONG = SamplingParams(max_new_tokens=60, ignore_eos=True)
 
 
 def test_blocks_round_trip_between_gpu_memory_and_the_file(flash_path):
@@ -56,8 +53,7 @@ def test_a_damaged_block_is_caught_on_the_gpu(flash_path):
 
 def test_engine_outputs_do_not_depend_on_where_gpu_kv_went(tiny_llama, run_engine, tmp_path):
     model = copy.deepcopy(tiny_llama).to("cuda")
-    generator = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, 128, (n,), generator=generator).tolist() for n in (12, 30, 9, 25, 38, 17, 21, 33)]
+    prompts = short_prompts()
     reference, calm = run_engine(model, prompts, LONG, device_blocks=64, swap="recompute")
     flash, flash_engine = run_engine(model, prompts, LONG, swap="flash", flash_path=str(tmp_path / "f.kvc"),
                                      **PRESSURE)

@@ -55,9 +55,8 @@ def open_cufile(path: str, threads: int) -> tuple[Any, str, bool]:
         raise ConfigError("flash swap of a GPU KV pool needs kvikio (GPUDirect Storage): "
                           "pip install kvikio-cu12 or kvikio-cu13 (matching your CUDA), or use --swap dram") from error
     kvikio.defaults.set("num_threads", threads)
-    direct = _ask_for_direct_io(kvikio)
     gds = not kvikio.defaults.is_compat_mode_preferred()  # AUTO resolves to cuFile where it works
-    direct = direct or gds
+    direct = _ask_for_direct_io(kvikio) or gds  # asked either way: kvikio may still fall back to POSIX
     mode = "GPUDirect Storage (cuFile)" if gds else "compatibility mode (POSIX through pinned bounce buffers)"
     description = f"kvikio {kvikio.__version__}, {mode}" + (", O_DIRECT" if direct else "")
     return kvikio.CuFile(path, "r+"), description, direct
