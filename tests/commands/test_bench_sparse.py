@@ -10,6 +10,7 @@ import torch
 
 from kvtier.cli import main
 from kvtier.commands.bench_sparse import selection_recall, write_results
+from kvtier.eval.prefill_tape import record
 from kvtier.models.loader import load_model
 from kvtier.threads import decode_threads
 
@@ -42,6 +43,8 @@ def test_sparse_and_offload_side_by_side(tiny_model_dir, tmp_path, capsys):
     text = stem.with_suffix(".md").read_text()
     assert "x the decode speed of offload (medians)" in text and "| sum-int8 |" in text
     assert "what removing all KV I/O gains on this machine" in text
+    assert result["prefill"]["record_s"] > 0 and all(row["prefill_replayed"] for row in result["modes"].values())
+    assert "the model prefilled the prompt once" in text  # every mode's cache was fed the recorded K/V
     planned = sparse["planned_selection_rates"]  # APP's estimate, shown beside the measured rates
     assert 0 <= planned["cold"] <= 1 and 0 <= planned["hot"] <= 1 and "selection rate hot / cold planned" in text
     sparse_threads = decode_threads("sparse")
@@ -60,8 +63,8 @@ def test_recall_is_the_same_whether_the_prompt_is_fed_whole_or_in_chunks(tiny_mo
     """The capture must keep the causal mask: without it, chunks after the first attended only to themselves."""
     model = load_model(str(tiny_model_dir)).model
     ids = torch.randint(0, model.config.vocab_size, (1, 200), generator=torch.Generator().manual_seed(0))
-    whole = selection_recall(model, ids, 0.2, prefill_chunk=1000)
-    chunked = selection_recall(model, ids, 0.2, prefill_chunk=64)
+    whole = selection_recall(model, record(model, ids, 1000), 0.2)
+    chunked = selection_recall(model, record(model, ids, 64), 0.2)  # 192 tokens replayed, 8 computed
     assert whole.keys() == chunked.keys()
     for name in whole:
         if name != "edge_mass":

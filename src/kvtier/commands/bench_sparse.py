@@ -15,6 +15,11 @@ offload on the machine: the room a tiered mode has. Prefill runs on every core; 
 core fewer for the sparse path, whose scorer process holds a core (one thread on 2 cores), and on
 every core for dense and offload (kvtier.threads).
 
+The model runs over the prompt once (kvtier.eval.prefill_tape): every mode prefills densely, so
+each mode's cache is fed the recorded K/V of all but the prompt's last chunk, and that chunk runs
+through the model in each mode. Only decode steps are compared; a mode's `prefill_s` is its
+replay plus that chunk, and `prefill.record_s` the one real prefill.
+
 Cold reads are honest: the sparse cold pool and the offload KV file are read
 with O_DIRECT (the result says so; on a filesystem without O_DIRECT the
 files are read buffered and the result records `direct: false`).
@@ -26,17 +31,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from kvtier.commands.bench_options import check_writable, storage_directory
 from kvtier.commands.kv_options import add_model_option
 from kvtier.data.corpus import CORPUS_NAMES, load_corpus
 from kvtier.eval.attention_mass import DenseAttentionProbe
 from kvtier.eval.budgets import BudgetShares, budget_bytes, kv_bytes_per_token
-from kvtier.eval.decode_timing import measure_decode, prefill
+from kvtier.eval.decode_timing import measure_decode
+from kvtier.eval.prefill_tape import PrefillTape, record
 from kvtier.eval.record import machine_info
 from kvtier.eval.traffic import sparse_details
 from kvtier.threads import decode_threads, describe_threads, machine_threads, thread_settings, torch_threads
@@ -77,14 +86,17 @@ def run(args: argparse.Namespace) -> int:
     storage_dir = str(storage_directory(args.storage_dir))
     llm = load_model(args.model)
     model, config = llm.model, llm.model.config.get_text_config(decoder=True)
-    ids = _prompt(llm, args.context, args.batch, args.corpus)
+    started = time.perf_counter()
+    tape = _record_prompt(model, _prompt(llm, args.context, args.batch, args.corpus), args.prefill_chunk)
+    ids = tape.ids
     tiered = full_attention_layers(config)
     kv_bytes = kv_bytes_per_token(model) * args.context * args.batch
     device_budget, host_budget = budget_bytes(model, args.context, BudgetShares(host=args.host_share), args.batch)
     result = {"model": llm.name, "context": args.context, "batch": args.batch, "new_tokens": args.new_tokens,
               "alpha": args.alpha, "score_bits": args.score_bits, "prompt_kv_bytes": kv_bytes,
               "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": thread_settings(),
-              "machine": machine_info(storage_dir), "modes": {}}
+              "machine": machine_info(storage_dir), "modes": {},
+              "prefill": {"recorded_once": True, "record_s": time.perf_counter() - started}}
     if args.recalibrate:
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -93,19 +105,19 @@ def run(args: argparse.Namespace) -> int:
                                                            args.score_bits, "sum", refresh=True))
     if not args.skip_dense:  # what removing all KV I/O gains over offload on this machine
         result["modes"]["dense"] = _measure(model, make_cache(model, KVConfig(), ids.shape[1] + args.new_tokens + 1,
-                                                              args.batch), ids, args, "dense")
+                                                              args.batch), tape, args, "dense")
     if not args.skip_offload:
         offload = KVConfig(kv="offload", device_kv_budget=device_budget, host_kv_budget=host_budget,
                            storage_dir=storage_dir)
         result["modes"]["offload"] = _measure(model, make_cache(model, offload, ids.shape[1] + args.new_tokens + 1,
-                                                                args.batch, llm.model_id), ids, args, "offload")
+                                                                args.batch, llm.model_id), tape, args, "offload")
     for policy in args.policies.split(","):
         settings = SparseSettings(alpha=args.alpha, score_bits=args.score_bits, policy=policy,
                                   beta=None if args.beta == "auto" else float(args.beta))
         cache = make_sparse_cache(model, settings, ids.shape[1] + args.new_tokens + 1, args.batch, storage_dir,
                                   device_budget, host_budget, tiered)
-        result["modes"][f"sparse-{policy}"] = _measure(model, cache, ids, args, f"sparse-{policy}")
-    result["recall"] = selection_recall(model, ids[:1], args.alpha, args.prefill_chunk)
+        result["modes"][f"sparse-{policy}"] = _measure(model, cache, tape, args, f"sparse-{policy}")
+    result["recall"] = selection_recall(model, tape.rows(slice(0, 1)), args.alpha)
     write_results(result, args.out)
     return 0
 
@@ -119,11 +131,18 @@ def _prompt(llm, tokens: int, batch: int, corpus: str) -> torch.Tensor:
     return torch.tensor([all_ids[i * tokens : (i + 1) * tokens] for i in range(batch)], dtype=torch.long)
 
 
-def _measure(model, cache, ids: torch.Tensor, args: argparse.Namespace, label: str) -> dict:
-    """Prefill, one untimed step (the sparse cache places its tiers), then `new_tokens` timed greedy steps."""
+def _record_prompt(model, ids: torch.Tensor, chunk: int) -> PrefillTape:
+    """The one real prefill of the run, with a progress bar (it is most of a long-context run's time)."""
+    passes = ids.shape[0] * ((ids.shape[1] - 1) // chunk)
+    with tqdm(total=passes, desc="prefill (once, every row)", unit="pass", file=sys.stderr, leave=False) as bar:
+        return record(model, ids, chunk, bar.update)
+
+
+def _measure(model, cache, tape: PrefillTape, args: argparse.Namespace, label: str) -> dict:
+    """Prefill from the tape, one untimed step (the sparse cache places its tiers), then `new_tokens` timed steps."""
     try:
-        measured = measure_decode(model, cache, ids, args.new_tokens, args.prefill_chunk, label=label,
-                                  decode_threads=decode_threads(label))
+        measured = measure_decode(model, cache, tape.ids, args.new_tokens, args.prefill_chunk, label=label,
+                                  decode_threads=decode_threads(label), tape=tape)
         measured.pop("token_ids")
         if isinstance(cache, SparseCache):
             measured |= _sparse_details(cache)
@@ -144,6 +163,15 @@ def _sparse_details(cache: SparseCache) -> dict:
     }
 
 
+def _prefill_text(result: dict) -> str:
+    """How the prompt went in (results from 2026-11-30 on record it; before, every mode ran its own prefill)."""
+    recorded = result.get("prefill")
+    if not recorded:
+        return ""
+    return (f"; the model prefilled the prompt once ({recorded['record_s'] / 60:.1f} min) and each mode's cache was "
+            "fed its K/V, the last chunk running through the model in each mode (kvtier.eval.prefill_tape)")
+
+
 def _rates_text(row: dict) -> str:
     """APP's planned selection rates of the two pools next to the measured ones (results from 2026-11-30 on)."""
     planned = row.get("planned_selection_rates")
@@ -153,11 +181,12 @@ def _rates_text(row: dict) -> str:
             f"{row['hot_selection_rate']:.3f} / {row['cold_selection_rate']:.3f}")
 
 
-def selection_recall(model, ids: torch.Tensor, alpha: float, prefill_chunk: int) -> dict:
-    """Recall of each importance estimate vs exact top-k, averaged over the layers of one decode step."""
+def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
+    """Recall of each importance estimate vs exact top-k, averaged over the layers of one decode step
+    after the (batch-1) prompt of `tape`."""
     with DenseAttentionProbe(model) as probe, torch.inference_mode():  # registers the mask function too:
-        cache = make_cache(model, KVConfig(), ids.shape[1] + 1)       # chunked prefill needs the causal mask
-        logits = prefill(model, cache, ids, prefill_chunk)
+        cache = make_cache(model, KVConfig(), tape.ids.shape[1] + 1)  # chunked prefill needs the causal mask
+        logits = tape.prefill(model, cache)
         with probe.capturing():
             model(input_ids=logits.argmax(-1, keepdim=True), cache=cache)
     captured = {layer: (query[0, :, 0], keys[0], scaling) for layer, (query, keys, scaling) in probe.captured.items()}
@@ -196,7 +225,7 @@ def markdown(result: dict) -> str:
              "", f"alpha {result['alpha']}, INT{result['score_bits']} sketches, host budget "
              f"{format_size(result['host_budget_bytes'])} of {format_size(result['prompt_kv_bytes'])} prompt KV, "
              f"{result['new_tokens']} timed decode steps per mode (median, mean), torch threads: "
-             f"{describe_threads(result['torch_threads'])}", "",
+             f"{describe_threads(result['torch_threads'])}{_prefill_text(result)}", "",
              "| mode | median ms/step | mean ms/step | disk read/step | O_DIRECT | cold sel. rate | pages/step | "
              "ping-pong rate | score / fetch / attention / migrate / rest ms |",
              "|---|---|---|---|---|---|---|---|---|"]

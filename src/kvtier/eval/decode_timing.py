@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -18,20 +19,29 @@ from tqdm import tqdm
 from kvtier.kv.factory import disk_bytes
 from kvtier.threads import torch_threads
 
+if TYPE_CHECKING:
+    from kvtier.eval.prefill_tape import PrefillTape
+
 
 def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chunk: int = 1024,
-                   warmup_steps: int = 1, label: str | None = None, decode_threads: int | None = None) -> dict:
+                   warmup_steps: int = 1, label: str | None = None, decode_threads: int | None = None,
+                   tape: PrefillTape | None = None) -> dict:
     """Prefill `ids` [B, N], run `warmup_steps` untimed steps (the sparse cache places its tiers
     on the first), then `new_tokens` timed steps. Returns timings, disk bytes per step and the
     generated token ids [B, warmup + new_tokens]. With a `label`, a progress bar of forward
     passes goes to stderr. `decode_threads` sets torch's threads for the decode steps only
-    (kvtier.threads); prefill runs on the threads set when called."""
-    prefill_passes = -(-ids.shape[1] // prefill_chunk)
+    (kvtier.threads); prefill runs on the threads set when called. With a `tape` of `ids`
+    (kvtier.eval.prefill_tape), the prompt is replayed from it instead of computed again, and
+    `prefill_s` is the replay plus the last chunk's forward pass."""
+    prefill_passes = tape.passes if tape is not None else -(-ids.shape[1] // prefill_chunk)
     bar = tqdm(total=prefill_passes + warmup_steps + new_tokens, desc=label, unit="pass", file=sys.stderr,
                leave=False, disable=label is None)
     with torch.inference_mode(), bar:
         started = time.perf_counter()
-        logits = prefill(model, cache, ids, prefill_chunk, bar.update)
+        if tape is None:
+            logits = prefill(model, cache, ids, prefill_chunk, bar.update)
+        else:
+            logits = tape.prefill(model, cache, bar.update)
         prefill_s = time.perf_counter() - started
         with torch_threads(decode_threads or torch.get_num_threads()):
             tokens = []
@@ -49,6 +59,7 @@ def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chu
     decode_s = sum(step_s)
     return {
         "prefill_s": prefill_s,
+        "prefill_replayed": tape is not None,
         "decode_s": decode_s,
         "ms_per_token": decode_s * 1000 / max(new_tokens, 1),
         "median_step_ms": statistics.median(step_s) * 1000 if step_s else 0.0,

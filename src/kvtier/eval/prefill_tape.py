@@ -1,0 +1,89 @@
+"""One dense prefill, recorded once and replayed into the cache of every mode a benchmark compares.
+
+Every KV mode prefills densely (exact attention over the whole prompt), so the K/V that a
+mode's cache receives through `update` while the prompt goes in are the same whatever the
+mode. A benchmark that compares decode steps at long contexts can therefore run the model
+over the prompt once, record those `update` calls, and replay them into each mode's cache
+instead of running the model again per mode. The prompt's last chunk is not recorded: it
+goes through the model for real in every mode, so what a mode does during prefill
+attention (the sparse path keeps the last prompt queries to place tokens hot or cold) sees
+real queries, and the logits that start decoding come from that mode's forward pass.
+
+Why: at 32K tokens on qwen2.5-0.5b one sequence's prefill takes ~6 minutes on the 2-core
+VM, so batch 8 cost ~50 minutes per mode; a run of offload and sparse plus the recall
+probe did not fit in a working session (2026-11-30). Recorded per sequence (batch 1 at a
+time, so the chunk's attention never holds 8 sequences' scores), then stacked into batch rows.
+Memory: the tape holds the prompt's full K/V (what the dense mode holds anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kvtier.eval.decode_timing import prefill
+from kvtier.kv.factory import KVConfig, make_cache
+
+Update = tuple[int, torch.Tensor, torch.Tensor]  # (layer index, K, V [batch, heads, n, head_dim])
+
+
+@dataclass
+class PrefillTape:
+    """The `update` calls of a dense chunked prefill of ids[:, :recorded], and the ids themselves."""
+
+    ids: torch.Tensor  # [batch, prompt tokens]
+    chunk: int
+    recorded: int  # prompt tokens covered by `updates` (every chunk but the last)
+    updates: list[Update]
+
+    @property
+    def passes(self) -> int:
+        """Forward passes (or replayed chunks) a prefill from this tape reports: as many as a real prefill."""
+        return -(-self.ids.shape[1] // self.chunk)
+
+    def rows(self, rows: slice) -> PrefillTape:
+        """The tape of some batch rows only (views, no copy)."""
+        return PrefillTape(self.ids[rows], self.chunk, self.recorded,
+                           [(layer, keys[rows], values[rows]) for layer, keys, values in self.updates])
+
+    def prefill(self, model, cache, on_chunk: Callable[[], None] = lambda: None) -> torch.Tensor:
+        """Replay the recorded updates into `cache`, run the last chunk through `model`; last logits [B, vocab]."""
+        layers = len({layer for layer, _, _ in self.updates})
+        for index, (layer, keys, values) in enumerate(self.updates):
+            cache.update(keys, values, layer)
+            if (index + 1) % layers == 0:  # one recorded chunk fed to every layer
+                on_chunk()
+        return prefill(model, cache, self.ids[:, self.recorded :], self.chunk, on_chunk)
+
+
+def record(model, ids: torch.Tensor, chunk: int, on_chunk: Callable[[], None] = lambda: None) -> PrefillTape:
+    """Prefill each row of `ids` [B, N] densely, `chunk` tokens per pass, recording all but the last chunk."""
+    recorded = (ids.shape[1] - 1) // chunk * chunk
+    updates: list[Update] = []
+    for row in range(ids.shape[0]):
+        calls = _record_row(model, ids[row : row + 1, :recorded], chunk, on_chunk)
+        if not updates:
+            updates = [(layer, keys.new_empty((ids.shape[0], *keys.shape[1:])),
+                        values.new_empty((ids.shape[0], *values.shape[1:]))) for layer, keys, values in calls]
+        for (_, keys, values), (_, row_keys, row_values) in zip(updates, calls):
+            keys[row], values[row] = row_keys[0], row_values[0]
+    return PrefillTape(ids, chunk, recorded, updates)
+
+
+def _record_row(model, ids: torch.Tensor, chunk: int, on_chunk: Callable[[], None]) -> list[Update]:
+    """The update calls a dense cache receives while `ids` [1, n] is prefilled."""
+    cache = make_cache(model, KVConfig(), max(ids.shape[1], 1))
+    calls: list[Update] = []
+    update = cache.update
+
+    def recording_update(key_states, value_states, layer_idx, *args, **kwargs):
+        calls.append((layer_idx, key_states.clone(), value_states.clone()))
+        return update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    cache.update = recording_update
+    if ids.shape[1]:
+        with torch.inference_mode():
+            prefill(model, cache, ids, chunk, on_chunk)
+    return calls
