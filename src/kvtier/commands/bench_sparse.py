@@ -45,7 +45,7 @@ from kvtier.data.corpus import CORPUS_NAMES, load_corpus
 from kvtier.eval.attention_mass import DenseAttentionProbe
 from kvtier.eval.budgets import BudgetShares, budget_bytes, kv_bytes_per_token
 from kvtier.eval.decode_timing import measure_decode
-from kvtier.eval.prefill_tape import PrefillTape, record
+from kvtier.eval.prefill_tape import PrefillTape, record, recorded_tokens
 from kvtier.eval.record import machine_info
 from kvtier.eval.traffic import sparse_details
 from kvtier.threads import decode_threads, describe_threads, machine_threads, thread_settings, torch_threads
@@ -133,7 +133,7 @@ def _prompt(llm, tokens: int, batch: int, corpus: str) -> torch.Tensor:
 
 def _record_prompt(model, ids: torch.Tensor, chunk: int) -> PrefillTape:
     """The one real prefill of the run, with a progress bar (it is most of a long-context run's time)."""
-    passes = ids.shape[0] * ((ids.shape[1] - 1) // chunk)
+    passes = ids.shape[0] * recorded_tokens(ids.shape[1], chunk) // chunk
     with tqdm(total=passes, desc="prefill (once, every row)", unit="pass", file=sys.stderr, leave=False) as bar:
         return record(model, ids, chunk, bar.update)
 

@@ -58,9 +58,14 @@ class PrefillTape:
         return prefill(model, cache, self.ids[:, self.recorded :], self.chunk, on_chunk)
 
 
+def recorded_tokens(prompt_tokens: int, chunk: int) -> int:
+    """Prompt tokens a tape records: every whole chunk but the last (at least one token runs live)."""
+    return (prompt_tokens - 1) // chunk * chunk
+
+
 def record(model, ids: torch.Tensor, chunk: int, on_chunk: Callable[[], None] = lambda: None) -> PrefillTape:
     """Prefill each row of `ids` [B, N] densely, `chunk` tokens per pass, recording all but the last chunk."""
-    recorded = (ids.shape[1] - 1) // chunk * chunk
+    recorded = recorded_tokens(ids.shape[1], chunk)
     updates: list[Update] = []
     for row in range(ids.shape[0]):
         calls = _record_row(model, ids[row : row + 1, :recorded], chunk, on_chunk)
