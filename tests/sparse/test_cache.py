@@ -43,7 +43,13 @@ def _dense(model, ids, steps):
     return _run(model, make_cache(model, KVConfig(), ids.shape[1] + steps), ids, steps)
 
 
-def test_alpha_one_equals_dense_bit_for_bit_with_a_batch(tiny_llama, tmp_path):
+def _assert_dense_equivalent(sparse, dense):
+    """Exact attention over every token, summed in another order: float rounding apart, the same logits."""
+    torch.testing.assert_close(sparse, dense, rtol=1e-4, atol=1e-5)
+    assert torch.equal(sparse.argmax(-1), dense.argmax(-1))
+
+
+def test_alpha_one_equals_dense_with_a_batch(tiny_llama, tmp_path):
     ids = _ids(2, 200, 1)
     cache = _sparse(tiny_llama, tmp_path, 220, batch=2, alpha=1.0)
     try:
@@ -55,7 +61,7 @@ def test_alpha_one_equals_dense_bit_for_bit_with_a_batch(tiny_llama, tmp_path):
         assert cache.runtime.scorer.host_scored_requests == 0
     finally:
         close_cache(cache)
-    assert torch.equal(sparse, _dense(tiny_llama, ids, 6))
+    _assert_dense_equivalent(sparse, _dense(tiny_llama, ids, 6))
     assert not list(tmp_path.iterdir())  # close removed the cold-pool files
 
 
@@ -141,7 +147,7 @@ def test_gemma3_sliding_layers_stay_dense_and_alpha_one_matches(tiny_gemma3, tmp
         assert cache.layers[0].keys.shape[2] <= 16
     finally:
         close_cache(cache)
-    assert torch.equal(sparse, _dense(tiny_gemma3, ids, 6))
+    _assert_dense_equivalent(sparse, _dense(tiny_gemma3, ids, 6))
 
 
 def test_migration_swaps_tokens_within_bounds(tiny_llama, tmp_path):

@@ -1,3 +1,4 @@
+import os
 import numpy as np
 import pytest
 import torch
@@ -22,7 +23,7 @@ def cold(tmp_path):
 def test_append_fetch_round_trip_and_empty_fetch(cold):
     keys, values = torch.randn(2, 2, 10, 32), torch.randn(2, 2, 10, 32)
     cold.append(0, keys, values, np.arange(10)[None, :].repeat(2, axis=0) + 5)
-    assert cold.used == [10] and cold.positions[0, 1, :3].tolist() == [5, 6, 7]
+    assert list(cold.used) == [10] and cold.positions[0, 1, :3].tolist() == [5, 6, 7]
     got_keys, got_values, pages = cold.fetch(0, 1, np.array([2, 7]))
     torch.testing.assert_close(got_keys, keys[1][:, [2, 7]])
     torch.testing.assert_close(got_values, values[1][:, [2, 7]])
@@ -31,11 +32,30 @@ def test_append_fetch_round_trip_and_empty_fetch(cold):
     assert empty_keys.shape == (2, 0, 32) and empty_values.shape == (2, 0, 32) and pages == 0
 
 
+def _flip_byte(path, offset):
+    """Damage the file behind the pool's back (as a failing disk would)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, bytes([os.pread(fd, 1, offset)[0] ^ 0xFF]), offset)
+    finally:
+        os.close(fd)
+
+
 def test_a_damaged_record_is_reported(cold):
     cold.append(0, torch.randn(2, 2, 4, 32), torch.randn(2, 2, 4, 32), np.arange(4)[None, :].repeat(2, axis=0))
-    cold.kv.write_records(0, 0, [1], np.zeros((1, cold.kv.layout.record_bytes), dtype=np.uint8))
-    with pytest.raises(ChecksumError, match="slot 1"):
+    layout = cold.kv.layout
+    _flip_byte(cold.kv.path, layout.region_offset(0, 0) + layout.record_bytes + 7)  # inside slot 1
+    with pytest.raises(ChecksumError, match="layer 0 sequence 0: checksum mismatch in data page 0"):
         cold.fetch(0, 0, np.array([1]))
+    cold.fetch(0, 1, np.array([1]))  # the other sequence's region is intact
+
+
+def test_a_write_next_to_a_damaged_record_is_refused(cold):
+    """A read-modify-write must not re-checksum damaged neighbours into 'valid' pages."""
+    cold.append(0, torch.randn(2, 2, 4, 32), torch.randn(2, 2, 4, 32), np.arange(4)[None, :].repeat(2, axis=0))
+    _flip_byte(cold.kv.path, cold.kv.layout.region_offset(0, 0) + 5)  # inside slot 0, same page as slot 2
+    with pytest.raises(ChecksumError, match="checksum mismatch"):
+        cold.replace(0, 0, np.array([2]), torch.randn(2, 1, 32), torch.randn(2, 1, 32), np.array([9]))
 
 
 def test_fetch_many_returns_each_sequences_tokens(cold):

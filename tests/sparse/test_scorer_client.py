@@ -48,8 +48,8 @@ def test_scores_stream_back_as_position_score_blocks(pool):
     channel, file, keys = pool
     client = _client(channel, file)
     try:
-        client.submit(1, TOKENS)
-        client.wait()
+        client.request(1, channel.query, TOKENS)
+        client.scores()
         for seq in range(BATCH):
             results = channel.results[seq, :TOKENS]
             np.testing.assert_array_equal(results["score"], _expected(channel, keys, 1, seq))
@@ -79,13 +79,13 @@ def test_a_killed_scorer_is_noticed_replaced_and_its_layer_scored_on_the_host(po
         first = client.process
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
-        client.submit(0, TOKENS)
-        client.wait()
+        client.request(0, channel.query, TOKENS)
+        client.scores()
         np.testing.assert_array_equal(channel.results[1, :TOKENS]["score"], _expected(channel, keys, 0, 1))
         assert client.host_scored_requests == 1 and client.restarts == 1
         assert client.process is not first and client.process.poll() is None
-        client.submit(1, TOKENS)  # the replacement serves the next request
-        client.wait()
+        client.request(1, channel.query, TOKENS)  # the replacement serves the next request
+        client.scores()
         np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"], _expected(channel, keys, 1, 0))
         assert client.host_scored_requests == 1
     finally:
@@ -96,8 +96,8 @@ def test_a_scorer_dying_mid_request_is_resumed_from_its_last_block(pool):
     channel, file, keys = pool
     client = _client(channel, file, crash_after_blocks=5)  # dies inside sequence 0's blocks
     try:
-        client.submit(1, TOKENS)
-        client.wait()
+        client.request(1, channel.query, TOKENS)
+        client.scores()
         assert client.host_scored_requests == 1
         for seq in range(BATCH):
             np.testing.assert_array_equal(channel.results[seq, :TOKENS]["score"], _expected(channel, keys, 1, seq))
@@ -112,8 +112,8 @@ def test_after_max_restarts_the_host_keeps_scoring(pool):
         os.kill(client.process.pid, signal.SIGKILL)
         client.process.wait()
         for layer in (0, 1):
-            client.submit(layer, TOKENS)
-            client.wait()
+            client.request(layer, channel.query, TOKENS)
+            client.scores()
             np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"], _expected(channel, keys, layer, 0))
         assert client.process is None and client.host_scored_requests == 2
     finally:
@@ -125,13 +125,13 @@ def test_memory_budget_keeps_sketches_until_the_layer_is_rewritten(pool):
     client = _client(channel, file, memory_budget=10 * 2**20)
     try:
         for _ in range(2):
-            client.submit(0, TOKENS)
-            client.wait()
+            client.request(0, channel.query, TOKENS)
+            client.scores()
         read_once = channel.control[CONTROL_SCORER_READ_BYTES]
         assert read_once == BATCH * file.layout.prefix_bytes(TOKENS)  # the second request came from memory
         channel.versions[0] += 1  # the host rewrote layer 0
-        client.submit(0, TOKENS)
-        client.wait()
+        client.request(0, channel.query, TOKENS)
+        client.scores()
         assert channel.control[CONTROL_SCORER_READ_BYTES] == 2 * read_once
         np.testing.assert_array_equal(channel.results[1, :TOKENS]["score"], _expected(channel, keys, 0, 1))
     finally:

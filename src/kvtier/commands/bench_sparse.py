@@ -64,7 +64,10 @@ def add_parser(subparsers) -> None:
     add_model_option(parser)
     parser.add_argument("--context", type=int, default=2048, help="prompt tokens per sequence")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--new-tokens", type=int, default=16, help="decode steps timed per mode")
+    parser.add_argument("--new-tokens", type=int, default=16, help="decode steps timed per mode and repeat")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds of every mode, alternating (dense, offload, sparse, dense, ...): the machine's "
+                             "speed drifts, so ratios are taken within a round")
     parser.add_argument("--alpha", type=float, default=0.2)
     parser.add_argument("--score-bits", type=int, choices=(8, 4), default=8)
     parser.add_argument("--beta", default="auto")
@@ -88,7 +91,6 @@ def run(args: argparse.Namespace) -> int:
     model, config = llm.model, llm.model.config.get_text_config(decoder=True)
     started = time.perf_counter()
     tape = _record_prompt(model, _prompt(llm, args.context, args.batch, args.corpus), args.prefill_chunk)
-    ids = tape.ids
     tiered = full_attention_layers(config)
     kv_bytes = kv_bytes_per_token(model) * args.context * args.batch
     device_budget, host_budget = budget_bytes(model, args.context, BudgetShares(host=args.host_share), args.batch)
@@ -103,23 +105,53 @@ def run(args: argparse.Namespace) -> int:
         with torch_threads(decode_threads("sparse")):  # the rates of the threads the sparse path decodes on
             result["calibration"] = vars(load_or_calibrate(storage_dir, heads, head_dim, model.dtype,
                                                            args.score_bits, "sum", refresh=True))
-    if not args.skip_dense:  # what removing all KV I/O gains over offload on this machine
-        result["modes"]["dense"] = _measure(model, make_cache(model, KVConfig(), ids.shape[1] + args.new_tokens + 1,
-                                                              args.batch), tape, args, "dense")
-    if not args.skip_offload:
-        offload = KVConfig(kv="offload", device_kv_budget=device_budget, host_kv_budget=host_budget,
-                           storage_dir=storage_dir)
-        result["modes"]["offload"] = _measure(model, make_cache(model, offload, ids.shape[1] + args.new_tokens + 1,
-                                                                args.batch, llm.model_id), tape, args, "offload")
-    for policy in args.policies.split(","):
-        settings = SparseSettings(alpha=args.alpha, score_bits=args.score_bits, policy=policy,
-                                  beta=None if args.beta == "auto" else float(args.beta))
-        cache = make_sparse_cache(model, settings, ids.shape[1] + args.new_tokens + 1, args.batch, storage_dir,
-                                  device_budget, host_budget, tiered)
-        result["modes"][f"sparse-{policy}"] = _measure(model, cache, tape, args, f"sparse-{policy}")
+    builders = _mode_builders(model, llm.model_id, tape, args, storage_dir, device_budget, host_budget, tiered)
+    rounds = [{label: _measure(model, build(), tape, args, label) for label, build in builders.items()}
+              for _ in range(args.repeats)]
+    result["repeats"] = args.repeats
+    result["modes"] = {label: _over_rounds([measured[label] for measured in rounds]) for label in builders}
+    result["round_ratios"] = _round_ratios(rounds)
     result["recall"] = selection_recall(model, tape.rows(slice(0, 1)), args.alpha)
     write_results(result, args.out)
     return 0
+
+
+def _mode_builders(model, model_id: str, tape: PrefillTape, args: argparse.Namespace, storage_dir: str,
+                   device_budget: int, host_budget: int, tiered: list[int]) -> dict:
+    """label -> a function making that mode's fresh cache, in the order a round runs them."""
+    max_tokens = tape.ids.shape[1] + args.new_tokens + 1
+    builders = {}
+    if not args.skip_dense:  # what removing all KV I/O gains over offload on this machine
+        builders["dense"] = lambda: make_cache(model, KVConfig(), max_tokens, args.batch)
+    if not args.skip_offload:
+        offload = KVConfig(kv="offload", device_kv_budget=device_budget, host_kv_budget=host_budget,
+                           storage_dir=storage_dir)
+        builders["offload"] = lambda: make_cache(model, offload, max_tokens, args.batch, model_id)
+    for policy in args.policies.split(","):
+        settings = SparseSettings(alpha=args.alpha, score_bits=args.score_bits, policy=policy,
+                                  beta=None if args.beta == "auto" else float(args.beta))
+        builders[f"sparse-{policy}"] = lambda settings=settings: make_sparse_cache(
+            model, settings, max_tokens, args.batch, storage_dir, device_budget, host_budget, tiered)
+    return builders
+
+
+def _over_rounds(rows: list[dict]) -> dict:
+    """One mode's rounds as one row: the round with the median step time, plus every round's median."""
+    medians = [row["median_step_ms"] for row in rows]
+    middle = rows[sorted(range(len(rows)), key=medians.__getitem__)[len(rows) // 2]]
+    return middle | {"round_median_step_ms": medians, "median_step_ms": float(np.median(medians))}
+
+
+def _round_ratios(rounds: list[dict]) -> dict[str, list[float]]:
+    """Per round, offload's median step time over each other mode's (speed relative to offload)."""
+    ratios: dict[str, list[float]] = {}
+    for measured in rounds:
+        if "offload" not in measured:
+            continue
+        for label, row in measured.items():
+            if label != "offload":
+                ratios.setdefault(label, []).append(measured["offload"]["median_step_ms"] / row["median_step_ms"])
+    return ratios
 
 
 def _prompt(llm, tokens: int, batch: int, corpus: str) -> torch.Tensor:
@@ -170,6 +202,26 @@ def _prefill_text(result: dict) -> str:
         return ""
     return (f"; the model prefilled the prompt once ({recorded['record_s'] / 60:.1f} min) and each mode's cache was "
             "fed its K/V, the last chunk running through the model in each mode (kvtier.eval.prefill_tape)")
+
+
+def _speedup_text(result: dict, mode: str, row: dict, offload: dict) -> str:
+    """Speed relative to offload (per round where recorded), and the share of the step that scoring, fetch and
+    migration take."""
+    ratios = result.get("round_ratios", {}).get(mode)
+    if ratios:
+        text = (f"{float(np.median(ratios)):.2f}x the decode speed of offload (median of {len(ratios)} rounds, "
+                f"{min(ratios):.2f}-{max(ratios):.2f})")
+    else:
+        text = f"{offload['median_step_ms'] / row['median_step_ms']:.2f}x the decode speed of offload (medians)"
+    dense = result["modes"].get("dense")
+    if dense:
+        text += f", {row['median_step_ms'] / dense['median_step_ms']:.2f}x dense's step time"
+    parts = row.get("breakdown_ms", {})
+    total = sum(parts.values())
+    if total:
+        overhead = parts.get("score", 0.0) + parts.get("fetch", 0.0) + parts.get("migrate", 0.0)
+        text += f"; score + fetch + migrate {overhead / total:.0%} of the step"
+    return text
 
 
 def _rates_text(row: dict) -> str:
@@ -224,7 +276,8 @@ def markdown(result: dict) -> str:
     lines = [f"# sparse vs offload: {result['model']}, {result['context']} tokens x {result['batch']}",
              "", f"alpha {result['alpha']}, INT{result['score_bits']} sketches, host budget "
              f"{format_size(result['host_budget_bytes'])} of {format_size(result['prompt_kv_bytes'])} prompt KV, "
-             f"{result['new_tokens']} timed decode steps per mode (median, mean), torch threads: "
+             f"{result['new_tokens']} timed decode steps per mode and round, {result.get('repeats', 1)} alternating "
+             f"round(s) (median of the rounds' medians; mean of the median round), torch threads: "
              f"{describe_threads(result['torch_threads'])}{_prefill_text(result)}", "",
              "| mode | median ms/step | mean ms/step | disk read/step | O_DIRECT | cold sel. rate | pages/step | "
              "ping-pong rate | score / fetch / attention / migrate / rest ms |",
@@ -244,7 +297,7 @@ def markdown(result: dict) -> str:
                      "I/O gains on this machine (a sparse mode adds only what attending fewer tokens saves)")
     for mode, row in result["modes"].items():
         if offload and mode.startswith("sparse"):
-            lines.append(f"\n{mode}: {offload['median_step_ms'] / row['median_step_ms']:.2f}x the decode speed of offload (medians), "
+            lines.append(f"\n{mode}: {_speedup_text(result, mode, row, offload)}, "
                          f"{row['disk_read_bytes_per_step'] / max(offload['disk_read_bytes_per_step'], 1):.1%} of its "
                          f"disk bytes per step; scorer round trip {row['scorer_round_trip_us']:.0f} us; "
                          f"APP predicted T_CPU {row['predicted_ms']['T_CPU']:.1f} ms / T_storage "

@@ -10,24 +10,25 @@ sequence of a layer holds the same number of cold tokens: they arrive from
 the hot pool in equal numbers per sequence, and promotions are swaps.
 
 The host writes (at placement and on demotion), then publishes positions and
-bumps the layer's version, then sends requests; a scorer therefore never sees
-a slot whose bytes are not on disk. K|V records carry a crc32c kept in host
-memory and checked on every fetch.
+the cold-token count and bumps the layer's version, then sends requests; a
+scorer therefore never sees a slot whose bytes are not on disk. Every page of
+the K|V file carries a crc32c kept in host memory and checked on every fetch
+(record_file.py), one crc call per page read.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from kvtier.errors import ChecksumError
 from kvtier.sparse.protocol import Channel
 from kvtier.sparse.record_file import RecordFile, RecordLayout
 from kvtier.sparse.sketch import SketchFormat, quantize
-from kvtier.storage import IOEngine, checksum
+from kvtier.storage import IOEngine
 
 
 class ColdPool:
@@ -40,19 +41,23 @@ class ColdPool:
         self.io = io
         self.token_bytes = heads * head_dim * torch.empty(0, dtype=dtype).element_size()
         stem = os.path.join(directory, f"sparse-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        self.kv = RecordFile(stem + ".kv", RecordLayout(2 * self.token_bytes, layers, batch, slots), io)
+        self.kv = RecordFile(stem + ".kv", RecordLayout(2 * self.token_bytes, layers, batch, slots), io,
+                             page_checksums=True)
         try:
             self.sketches = RecordFile(stem + ".sketch", RecordLayout(fmt.record_bytes, layers, batch, slots), io)
         except BaseException:
             self.kv.remove()
             raise
-        self.used = [0] * layers
-        self._crc = np.zeros((layers, batch, slots), dtype=np.uint32)
 
     @property
     def positions(self) -> np.ndarray:
         """int32 [layers, batch, slots]: the token position in each cold slot (shared with the scorer)."""
         return self.channel.positions
+
+    @property
+    def used(self) -> np.ndarray:
+        """int64 [layers]: cold tokens per sequence of each layer (shared with the scorer)."""
+        return self.channel.cold_used
 
     # ----- writing -----
 
@@ -78,7 +83,6 @@ class ColdPool:
         records = torch.cat([_bytes(token_keys), _bytes(values.transpose(0, 1).contiguous())], dim=1).numpy()
         self.kv.write_records(layer, seq, slots, records)
         self.sketches.write_records(layer, seq, slots, quantize(token_keys.float().numpy(), self.fmt))
-        self._crc[layer, seq, slots] = [checksum(record) for record in records]
 
     # ----- reading -----
 
@@ -89,18 +93,22 @@ class ColdPool:
     def fetch_many(self, layer: int, slots_by_seq: list[np.ndarray],
                    seqs: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
         """`fetch` for several sequences of one layer (default 0..n-1), all their reads in flight at once."""
-        seqs = list(range(len(slots_by_seq))) if seqs is None else seqs
-        read = self.kv.read_many(layer, list(zip(seqs, slots_by_seq)))
-        return [self._tokens(layer, seq, slots, records, pages)
-                for seq, slots, (records, pages) in zip(seqs, slots_by_seq, read)]
+        return self.submit_fetch(layer, slots_by_seq, seqs)()
 
-    def _tokens(self, layer: int, seq: int, slots: np.ndarray, records: np.ndarray,
-                pages: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """K/V of records read for `slots`, after checking each against its checksum."""
-        for slot, record in zip(slots, records):
-            if checksum(record) != self._crc[layer, seq, slot]:
-                raise ChecksumError(f"{self.kv.path}: cold K/V of layer {layer} sequence {seq} slot {slot} does not "
-                                    "match its checksum; the file is damaged: rerun the generation")
+    def submit_fetch(self, layer: int, slots_by_seq: list[np.ndarray],
+                     seqs: list[int] | None = None) -> Callable[[], list[tuple[torch.Tensor, torch.Tensor, int]]]:
+        """`fetch_many` with the reads queued now: returns the function that waits for them (the host works meanwhile)."""
+        seqs = list(range(len(slots_by_seq))) if seqs is None else seqs
+        pending = self.kv.submit_many(layer, list(zip(seqs, slots_by_seq)))
+
+        def result() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+            read = pending.result()  # every page verified
+            return [self._tokens(slots, records, pages) for slots, (records, pages) in zip(slots_by_seq, read)]
+
+        return result
+
+    def _tokens(self, slots: np.ndarray, records: np.ndarray, pages: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """K/V [heads, n, head_dim] of verified records read for `slots`."""
         if not len(slots):  # torch gives an empty byte array a zero stride, which it refuses to reinterpret
             empty = torch.empty(self.heads, 0, self.head_dim, dtype=self.dtype)
             return empty, empty.clone(), 0

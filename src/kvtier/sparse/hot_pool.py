@@ -4,7 +4,9 @@ Every sequence of the batch holds the same number of hot tokens (tokens enter
 from the recent window and leave by demotion in equal numbers per sequence;
 promotions are swaps), so the pool is a dense [batch, heads, slots, head_dim]
 tensor pair plus each slot's token position. The host scores it with the
-full-precision keys while the storage scorer works on the cold pool.
+full-precision keys while the storage scorer works on the cold pool; the raw
+q.k it computes per query head are also the chosen hot tokens' attention
+logits (selection.py), so the keys are read once per step.
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ class HotPool:
         self.keys, self.values = torch.cat([self.keys, pad], dim=2), torch.cat([self.values, pad], dim=2)
         self.positions = np.concatenate([self.positions, np.full((len(self.positions), extra), -1)], axis=1)
 
+    def dots(self, query: torch.Tensor) -> torch.Tensor:
+        """Raw q.k [batch, heads, Q, used] (float32) for query [batch, heads, Q, head_dim] (float32)."""
+        keys = self.keys[:, :, : self.used]
+        return torch.matmul(query, keys.transpose(2, 3) if keys.dtype == torch.float32 else keys.float().transpose(2, 3))
+
     def score(self, query: torch.Tensor, aggregation: str) -> torch.Tensor:
-        """Raw inner-product importance [batch, used] for query [batch, heads, q_per_head, head_dim]."""
-        keys = self.keys[:, :, : self.used].float()
-        dots = torch.matmul(query, keys.transpose(2, 3))  # [B, H, Q, used]
-        flat = dots.flatten(1, 2)
-        return flat.sum(dim=1) if aggregation == "sum" else flat.amax(dim=1)
+        """Raw inner-product importance [batch, used] for query [batch, heads, Q, head_dim]."""
+        return importance(self.dots(query), aggregation)
 
     def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V [batch, heads, k, head_dim] of slots [batch, k]."""
@@ -79,3 +83,9 @@ class HotPool:
         self.positions[:, remaining : self.used] = -1
         self.used = remaining
         return keys, values, positions
+
+
+def importance(dots: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """Token importance [batch, tokens] from raw dots [batch, heads, Q, tokens]: summed ("sum") or max over heads."""
+    flat = dots.flatten(1, 2)
+    return flat.sum(dim=1) if aggregation == "sum" else flat.amax(dim=1)

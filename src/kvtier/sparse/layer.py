@@ -22,7 +22,6 @@ Life of a layer:
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -32,14 +31,15 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from kvtier.errors import ConfigError
-from kvtier.kv.gather import select_columns, take_tokens
+from kvtier.kv.gather import take_tokens
 from kvtier.sparse.hit_table import HitTable
-from kvtier.sparse.hot_pool import HotPool
-from kvtier.sparse.migration import HitPolicy, PingPongMeter
+from kvtier.sparse.hot_pool import HotPool, importance
+from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
 from kvtier.sparse.placement import observation_importance, seed_hits, split_hot_cold
+from kvtier.sparse.selection import Partial, Picks, Segment, cold_fetched, hot_gathered, hot_in_place, window_segment
 
 if TYPE_CHECKING:
-    from kvtier.sparse.cache import SparseRuntime
+    from kvtier.sparse.runtime import SparseRuntime
 
 
 class SparseLayer(CacheLayerMixin):
@@ -106,7 +106,7 @@ class SparseLayer(CacheLayerMixin):
         """Tokens per sequence in each tier."""
         if not self.distributed:
             return {"device": self.tokens, "host": 0, "storage": 0}
-        return {"device": self.keys.shape[2], "host": self.hot.used, "storage": self.runtime.cold.used[self.tier]}
+        return {"device": self.keys.shape[2], "host": self.hot.used, "storage": int(self.runtime.cold.used[self.tier])}
 
     # ----- prefill -----
 
@@ -177,144 +177,119 @@ class SparseLayer(CacheLayerMixin):
             step.demotions += positions.size
 
     def attend(self, module, query: torch.Tensor, attention_mask: torch.Tensor | None,
-               inner: Callable, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Sparse attention of the decode query [B, Hq, 1, D] over sink + top-alpha pooled + recent tokens."""
-        step = self.runtime.stats.current
-        cold_count = self.runtime.cold.used[self.tier]
+               inner: Callable, **kwargs) -> tuple[torch.Tensor, None]:
+        """Exact attention of the decode query [B, Hq, 1, D] over sink + top-alpha pooled + recent tokens.
+
+        Overlapped, not in sequence: the host scores its hot pool while the storage scorer scores the
+        cold pool; once the choice is made the cold reads are queued, and while the disk works the host
+        records the step in the hit table, plans migration and attends over the window and the chosen
+        hot tokens; the cold part is merged in when its reads land. `inner` (the model's own attention)
+        is not needed: the hot scores are the logits.
+        """
+        runtime, step = self.runtime, self.runtime.stats.current
+        cold_count = int(runtime.cold.used[self.tier])
         started = time.perf_counter()
-        score_query = self.runtime.score_query(query, self.keys.shape[1])
+        grouped = runtime.grouped_query(query)
         if cold_count:
-            self.runtime.channel.query[:] = score_query.numpy()
-            self.runtime.scorer.submit(self.tier, cold_count)
-        hot_scores = self.hot.score(score_query, self.runtime.settings.aggregation)
+            runtime.scorer.request(self.tier, runtime.score_query(grouped).numpy(), cold_count)
+        hot_dots = self.hot.dots(grouped)
+        hot_scores = importance(hot_dots, runtime.settings.aggregation)
         host_scored = time.perf_counter()
-        if cold_count:
-            self.runtime.scorer.wait()
-            cold_scores = torch.from_numpy(self.runtime.channel.results["score"][:, :cold_count].copy())
-        else:
-            cold_scores = hot_scores.new_empty(len(hot_scores), 0)
+        cold_scores = torch.from_numpy(runtime.scorer.scores()) if cold_count else hot_scores.new_empty(len(query), 0)
         cold_scored = time.perf_counter()
-        scores = torch.cat([hot_scores, cold_scores], dim=1)
-        chosen = scores.topk(math.ceil(self.runtime.settings.alpha * scores.shape[1]), dim=1).indices.numpy()
-        selected = self._fetch(chosen, self.hot.used)
-        fetched = time.perf_counter()
-        attended_positions = self._attended_positions(selected.positions)
-        if self.runtime.on_attend is not None:
-            self.runtime.on_attend(self.layer_idx, attended_positions)
-        mask = select_columns(attention_mask, attended_positions)
-        output = inner(module, query, selected.keys, selected.values, mask, **kwargs)
+        picks = Picks.top(hot_scores, cold_scores, runtime.settings.alpha)
+        chosen = time.perf_counter()
+        wait_cold = runtime.cold.submit_fetch(self.tier, picks.cold)
+        submitted = time.perf_counter()
+        positions = self._chosen_positions(picks)
+        swaps = self._plan_swaps(picks, positions, hot_scores.numpy(), cold_scores.numpy())
+        planned = time.perf_counter()
+        scaling = kwargs.get("scaling")
+        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+        softcap = kwargs.get("softcap")
+        window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
+        partial = Partial.over([window, self._hot_segment(hot_dots, picks)], scaling, attention_mask, softcap)
+        hot_attended = time.perf_counter()
+        cold = wait_cold()
+        cold_segment = self._cold_segment(grouped, picks, cold)
+        cold_fetched = time.perf_counter()
+        output = partial.merge(Partial.over([cold_segment], scaling, attention_mask, softcap)).output(query)
         attended = time.perf_counter()
-        self._migrate(selected, hot_scores.numpy(), cold_scores.numpy())
+        if runtime.on_attend is not None:
+            self._report_attended(positions)
+        self._apply_swaps(swaps, picks, cold)
         if step is not None:
-            step.score_s += max(host_scored, cold_scored) - started
-            step.fetch_s += fetched - cold_scored
-            step.attention_s += attended - fetched
-            step.migrate_s += time.perf_counter() - attended
-            step.host_time_s += host_scored - started + selected.hot_fetch_s
-            step.storage_time_s += (cold_scored - started if cold_count else 0.0) + selected.cold_fetch_s
-            step.selected_hot += selected.hot_count
-            step.selected_cold += selected.cold_count
+            step.score_s += chosen - started
+            step.fetch_s += submitted - chosen + cold_fetched - hot_attended
+            step.attention_s += hot_attended - planned + attended - cold_fetched
+            step.migrate_s += planned - submitted + time.perf_counter() - attended
+            step.host_time_s += host_scored - started
+            step.storage_time_s += (cold_scored - started if cold_count else 0.0) + cold_fetched - hot_attended
+            step.selected_hot += picks.hot_count
+            step.selected_cold += picks.cold_count
             step.pooled_hot += self.hot.used * len(query)
             step.pooled_cold += cold_count * len(query)
-            step.cold_pages_read += selected.pages
-        return output
+            step.cold_pages_read += sum(pages for _, _, pages in cold)
+        return output, None
 
-    def _attended_positions(self, selected_positions: np.ndarray) -> np.ndarray:
-        """Positions [B, attended] in the order of the attended K/V: sink, selected, recent."""
-        window = np.broadcast_to(self.window_positions, (len(selected_positions), len(self.window_positions)))
-        return np.concatenate([window[:, : self.sink_tokens], selected_positions, window[:, self.sink_tokens :]], axis=1)
+    def _chosen_positions(self, picks: Picks) -> np.ndarray:
+        """Token positions [B, k] of the chosen tokens, in the order of their logits (hot, then cold)."""
+        cold_positions = self.runtime.cold.positions[self.tier]
+        return np.stack([np.concatenate([self.hot.positions[seq, hot], cold_positions[seq, cold]])
+                         for seq, (hot, cold) in enumerate(zip(picks.hot, picks.cold))]).astype(np.int64)
 
-    def _fetch(self, chosen: np.ndarray, hot_used: int) -> "Selection":
-        """The attended K/V: sink, the chosen pooled tokens (hot slots < hot_used, then cold), recent window.
+    def _hot_segment(self, hot_dots: torch.Tensor, picks: Picks) -> Segment:
+        """The chosen hot tokens, in place on a CPU; copied out to another compute device."""
+        hot_positions = self.hot.positions[:, : self.hot.used]
+        if self.device.type == "cpu":
+            return hot_in_place(hot_dots, self.hot.values, hot_positions, picks)
+        return hot_gathered(hot_dots, self.hot.values, hot_positions, picks).to(self.device)
 
-        Chosen tokens are fetched in full precision and copied once, straight to their place in position
-        order (assembling it by concatenations copied the selection four times: ~50 of 310 ms per step
-        at 8K under cProfile).
-        The cold reads of every sequence go to the disk together (one wait per layer, not one per sequence).
-        """
-        selection = Selection()
-        hot_slots = [np.sort(picks[picks < hot_used]) for picks in chosen]
-        selection.cold_slots = [np.sort(picks[picks >= hot_used] - hot_used) for picks in chosen]
-        started = time.perf_counter()
-        cold = self.runtime.cold.fetch_many(self.tier, selection.cold_slots)
-        selection.cold_fetch_s = time.perf_counter() - started
-        selection.keys, selection.values = self._around_window(self.keys, chosen.shape[1]), \
-            self._around_window(self.values, chosen.shape[1])
-        positions = []
-        for seq, (cold_keys, cold_values, pages) in enumerate(cold):
-            cold_slots = selection.cold_slots[seq]
-            seq_positions = np.concatenate([self.hot.positions[seq, hot_slots[seq]],
-                                            self.runtime.cold.positions[self.tier, seq, cold_slots]])
-            order = np.argsort(seq_positions, kind="stable")
-            place = np.empty_like(order)
-            place[order] = np.arange(len(order)) + self.sink_tokens  # where each chosen token goes
-            place = torch.from_numpy(place)
-            hot_started, hot_count = time.perf_counter(), len(hot_slots[seq])
-            hot_index = torch.from_numpy(hot_slots[seq])
-            for target, pool in ((selection.keys[seq], self.hot.keys[seq]), (selection.values[seq], self.hot.values[seq])):
-                target.index_copy_(1, place[:hot_count], pool.index_select(1, hot_index).to(self.device))
-            cold_started = time.perf_counter()
-            selection.keys[seq].index_copy_(1, place[hot_count:], cold_keys.to(self.device))
-            selection.values[seq].index_copy_(1, place[hot_count:], cold_values.to(self.device))
-            selection.hot_fetch_s += cold_started - hot_started
-            selection.cold_fetch_s += time.perf_counter() - cold_started
-            positions.append(seq_positions[order])
-            selection.cold_keys.append(cold_keys)
-            selection.cold_values.append(cold_values)
-            selection.hot_count += hot_count
-            selection.cold_count += len(cold_slots)
-            selection.pages += pages
-        selection.positions = np.stack(positions)
-        return selection
+    def _cold_segment(self, grouped: torch.Tensor, picks: Picks, cold: list) -> Segment:
+        cold_positions = self.runtime.cold.positions[self.tier]
+        positions = [cold_positions[seq, slots] for seq, slots in enumerate(picks.cold)]
+        return cold_fetched(grouped, [(keys, values) for keys, values, _ in cold], positions).to(self.device)
 
-    def _around_window(self, window: torch.Tensor, chosen: int) -> torch.Tensor:
-        """[B, H, sink + chosen + recent, D] holding the device window's sink and recent tokens, with room between."""
-        batch, heads, length, head_dim = window.shape
-        out = window.new_empty(batch, heads, length + chosen, head_dim)
-        out[:, :, : self.sink_tokens] = window[:, :, : self.sink_tokens]
-        out[:, :, self.sink_tokens + chosen :] = window[:, :, self.sink_tokens :]
-        return out
+    def _report_attended(self, chosen: np.ndarray) -> None:
+        """Tell the evaluation watcher the positions attended: sink, chosen, recent (with the new token)."""
+        window = np.broadcast_to(self.window_positions, (len(chosen), len(self.window_positions)))
+        sink = self.sink_tokens
+        self.runtime.on_attend(self.layer_idx, np.concatenate([window[:, :sink], chosen, window[:, sink:]], axis=1))
 
-    def _migrate(self, selection: "Selection", hot_scores: np.ndarray, cold_scores: np.ndarray) -> None:
-        """Record the step in the hit table, then swap promoted cold tokens with demoted hot ones."""
-        self.table.record(selection.positions, self.tokens)
+    def _plan_swaps(self, picks: Picks, positions: np.ndarray, hot_scores: np.ndarray,
+                    cold_scores: np.ndarray) -> list[Swaps]:
+        """Record the step in the hit table; the policy's swaps per sequence (bounded; most steps none)."""
+        self.table.record(positions, self.tokens)
         policy = self.runtime.policy
         if policy is None:
-            return
-        cold = self.runtime.cold
-        for seq, cold_slots in enumerate(selection.cold_slots):
-            if not len(cold_slots):
-                continue
-            cold_positions = cold.positions[self.tier, seq, cold_slots].astype(np.int64)
-            hot_positions = self.hot.positions[seq, : self.hot.used]
-            swaps = policy.plan(self.table, seq, cold_positions, cold_scores[seq, cold_slots], hot_positions,
-                                hot_scores[seq])
+            return [NO_SWAPS] * len(picks.cold)
+        cold_positions = self.runtime.cold.positions[self.tier]
+        hot_positions = self.hot.positions[:, : self.hot.used]
+        return [policy.plan(self.table, seq, cold_positions[seq, slots].astype(np.int64), cold_scores[seq, slots],
+                            hot_positions[seq], hot_scores[seq]) if len(slots) else NO_SWAPS
+                for seq, slots in enumerate(picks.cold)]
+
+    def _apply_swaps(self, plans: list[Swaps], picks: Picks, cold: list) -> None:
+        """Promote the planned cold tokens (their K/V just fetched) into the victims' hot slots, and back."""
+        cold_pool = self.runtime.cold
+        for seq, swaps in enumerate(plans):
             if not len(swaps):
                 continue
+            cold_slots = picks.cold[seq]
+            cold_positions = cold_pool.positions[self.tier, seq, cold_slots].astype(np.int64)
+            hot_positions = self.hot.positions[seq, : self.hot.used]
+            cold_keys, cold_values, _ = cold[seq]
             victim_index = torch.from_numpy(swaps.victims)
             victim_keys = self.hot.keys[seq][:, victim_index]
             victim_values = self.hot.values[seq][:, victim_index]
             victim_positions = hot_positions[swaps.victims].copy()
             promoted = torch.from_numpy(swaps.promote)
-            cold.replace(self.tier, seq, cold_slots[swaps.promote], victim_keys, victim_values, victim_positions)
-            self.hot.replace(seq, swaps.victims, selection.cold_keys[seq][:, promoted],
-                             selection.cold_values[seq][:, promoted], cold_positions[swaps.promote])
+            cold_pool.replace(self.tier, seq, cold_slots[swaps.promote], victim_keys, victim_values, victim_positions)
+            self.hot.replace(seq, swaps.victims, cold_keys[:, promoted], cold_values[:, promoted],
+                             cold_positions[swaps.promote])
             self.meter.record(self.table.steps, seq, cold_positions[swaps.promote], +1)
             self.meter.record(self.table.steps, seq, victim_positions, -1)
             step = self.runtime.stats.current
             if step is not None:
                 step.promotions += len(swaps)
                 step.demotions += len(swaps)
-
-
-class Selection:
-    """The pooled tokens chosen for one step's attention, and what fetching them cost."""
-
-    def __init__(self) -> None:
-        self.keys = self.values = None  # the attended K/V [B, H, sink + chosen + recent, D]
-        self.positions = np.empty((0, 0), dtype=np.int64)
-        self.cold_slots: list[np.ndarray] = []
-        self.cold_keys: list[torch.Tensor] = []
-        self.cold_values: list[torch.Tensor] = []
-        self.hot_count = self.cold_count = self.pages = 0
-        self.hot_fetch_s = self.cold_fetch_s = 0.0

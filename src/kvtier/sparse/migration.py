@@ -56,6 +56,8 @@ class HitPolicy:
         hits, idle = table.hits[seq], table.idle[seq]
         candidate_hits = hits[cold_positions].astype(np.int64)
         candidates = np.flatnonzero(candidate_hits >= self.promote_hits)
+        if not len(candidates) or not self.max_moves:  # most steps: skip ranking every hot token
+            return NO_SWAPS
         candidates = candidates[np.argsort(-candidate_hits[candidates], kind="stable")]
         victim_hits = hits[hot_positions].astype(np.int64)
         victims = np.flatnonzero(idle[hot_positions] >= self.idle_steps)

@@ -70,8 +70,9 @@ from kvtier.storage import IOEngine
 
 log = logging.getLogger(__name__)
 CALIBRATION_TOKENS = 16384
-CALIBRATION_VERSION = 3  # part of the cache key: bump when `calibrate` measures something new (2: round trip,
-# 3: host fetch includes placing the tokens, as decode does)
+CALIBRATION_VERSION = 4  # part of the cache key: bump when `calibrate` measures something new (2: round trip,
+# 3: host fetch includes placing the tokens, as decode does; 4: the host fetch gathers values only and the
+# scorer scores prepared, dequantized sketches)
 SKEW_ITERATIONS = 4
 
 
@@ -192,7 +193,7 @@ def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bit
     hot = HotPool(1, heads, head_dim, dtype)
     hot.append(keys, keys, np.arange(tokens)[None, :])
     host_score = tokens / _median_time(lambda: hot.score(query, aggregation))
-    host_fetch = len(picks) / _median_time(_gather_and_place(hot, picks))
+    host_fetch = len(picks) / _median_time(_gather_values(hot, picks))
     fmt = SketchFormat.for_keys(bits, heads, head_dim)
     channel = Channel.create(ChannelSpec(1, 1, heads, 1, head_dim, tokens))
     with IOEngine(4) as io, tempfile.TemporaryDirectory(dir=directory) as scratch:
@@ -201,9 +202,8 @@ def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bit
         try:
             cold.append(0, keys, keys, np.arange(tokens)[None, :])
             scorer = ScorerClient(channel, cold.sketches.path, cold.sketches.layout, fmt, aggregation, block_tokens)
-            channel.query[:] = query.numpy()
-            round_trip = _median_time(lambda: (scorer.submit(0, 1), scorer.wait()), repeats=9)
-            scan = _median_time(lambda: (scorer.submit(0, tokens), scorer.wait())) - round_trip
+            round_trip = _median_time(lambda: (scorer.request(0, query.numpy(), 1), scorer.scores()), repeats=9)
+            scan = _median_time(lambda: (scorer.request(0, query.numpy(), tokens), scorer.scores())) - round_trip
             storage_score = tokens / max(scan, 1e-9)
             storage_fetch = len(picks) / _median_time(lambda: cold.fetch(0, 0, picks))
         finally:
@@ -214,13 +214,10 @@ def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bit
     return Throughputs(host_score, storage_score, host_fetch, storage_fetch, round_trip)
 
 
-def _gather_and_place(hot: HotPool, picks: np.ndarray):
-    """The hot fetch of a decode step (SparseLayer._fetch): select the picked K and V, copy them to their places."""
+def _gather_values(hot: HotPool, picks: np.ndarray):
+    """The hot fetch of a decode step (selection.py): the picked values; their logits are the scores already made."""
     index = torch.from_numpy(picks)
-    place = torch.from_numpy(np.random.default_rng(1).permutation(len(picks)))
-    targets = [torch.empty_like(pool[0][:, index]) for pool in (hot.keys, hot.values)]
-    return lambda: [target.index_copy_(1, place, pool[0].index_select(1, index))
-                    for target, pool in zip(targets, (hot.keys, hot.values))]
+    return lambda: hot.values[0].index_select(1, index)
 
 
 def _median_time(action, repeats: int = 5) -> float:

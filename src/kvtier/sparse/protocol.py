@@ -14,6 +14,7 @@ Segment layout (all views are numpy arrays over one mmap):
     control   int64 [8]                    request id, layer, cold tokens per sequence, scorer bytes read
     progress  int64 [batch]                score blocks finished for the current request
     versions  int64 [layers]               bumped by the host whenever it rewrites a layer's sketches
+    cold_used int64 [layers]               cold tokens per sequence of each layer (host-written, before the version)
     query     float32 [batch, heads, q_per_head, head_dim]
     positions int32 [layers, batch, slots] token position held by each cold slot (host-written)
     results   (position int32, score float32) [batch, slots]
@@ -53,6 +54,7 @@ class ChannelSpec:
             ("control", np.dtype(np.int64), (8,)),
             ("progress", np.dtype(np.int64), (self.batch,)),
             ("versions", np.dtype(np.int64), (self.layers,)),
+            ("cold_used", np.dtype(np.int64), (self.layers,)),
             ("query", np.dtype(np.float32), (self.batch, self.heads, self.q_per_head, self.head_dim)),
             ("positions", np.dtype(np.int32), (self.layers, self.batch, self.slots)),
             ("results", RESULT_DTYPE, (self.batch, self.slots)),

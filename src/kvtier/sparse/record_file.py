@@ -13,6 +13,12 @@ O_DIRECT moves whole pages, so writing records that share a page with others
 reads that page first (read-modify-write). Writes of slot runs only read the
 two edge pages of each run. A fetch of scattered records reads the pages
 holding them, short gaps bridged (storage/pages.py).
+
+With `page_checksums`, the file keeps in memory a crc32c of every page it
+wrote and checks every page it reads against it (fetches and the edge pages
+of a read-modify-write alike), so integrity costs one crc call per 4 KiB page,
+not one per record. Only the writing process can check them: the K|V file has
+them, the sketch file (read by the scorer process) does not.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtier.errors import StorageError
+from kvtier.errors import ChecksumError, StorageError
 from kvtier.storage import PAGE, IOEngine, aligned_buffer, drop_page_cache, open_direct, round_up
+from kvtier.storage.checksum import PageChecksums
 from kvtier.storage.io_engine import consecutive_spans
 from kvtier.storage.pages import pages_holding
 from kvtier.units import format_size
@@ -61,10 +68,14 @@ class RecordLayout:
 class RecordFile:
     """Read and write records of one RecordLayout through an IOEngine (O_DIRECT where the FS allows)."""
 
-    def __init__(self, path: str, layout: RecordLayout, io: IOEngine, create: bool = True) -> None:
+    def __init__(self, path: str, layout: RecordLayout, io: IOEngine, create: bool = True,
+                 page_checksums: bool = False) -> None:
         self.path = path
         self.layout = layout
         self.io = io
+        self.pages = PageChecksums(layout.file_bytes // PAGE) if page_checksums else None
+        self._read_buffer = aligned_buffer(0)  # reused by fetches (result() copies out); grown on demand
+        self._reading = False
         flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
         try:
             self._fd, self.direct = open_direct(path, flags)
@@ -100,17 +111,43 @@ class RecordFile:
 
         One parallel read instead of one per sequence: a batch's fetch waits for the disk once per layer.
         """
+        return self.submit_many(layer, requests).result()
+
+    def submit_many(self, layer: int, requests: Sequence[tuple[int, np.ndarray]]) -> PendingRecords:
+        """`read_many` queued now (kernel AIO where available); `result()` waits, verifies and cuts out records."""
         plans = [_PagePlan(np.asarray(slots, dtype=np.int64), self.layout.record_bytes) for _, slots in requests]
         firsts = np.cumsum([0] + [len(plan.pages) for plan in plans])  # each plan's first page in the buffer
-        buffer = aligned_buffer(max(int(firsts[-1]), 1) * PAGE)
-        runs = []
-        for (seq, _), plan, first in zip(requests, plans, firsts):
-            base = self.layout.region_offset(layer, seq)
-            for span in consecutive_spans(plan.pages.tolist()):
-                runs.append((base + int(plan.pages[span.start]) * PAGE,
-                             [memoryview(buffer[(first + span.start) * PAGE : (first + span.stop) * PAGE])]))
-        self.io.read_runs(self._fd, runs)
-        return [(plan.gather(buffer, int(first)), len(plan.pages)) for plan, first in zip(plans, firsts)]
+        buffer = self._take_read_buffer(int(firsts[-1]) * PAGE)
+        runs = [plan.runs(self.layout.region_offset(layer, seq), int(first))
+                for (seq, _), plan, first in zip(requests, plans, firsts)]
+        offsets, lengths, starts = (np.concatenate(part).astype(np.int64) for part in zip(*runs)) if runs \
+            else (np.empty(0, dtype=np.int64),) * 3
+        read = self.io.submit_scattered(self._fd, offsets, lengths, buffer, starts)
+        return PendingRecords(self, layer, [seq for seq, _ in requests], plans, firsts, buffer, read)
+
+    def _take_read_buffer(self, nbytes: int) -> np.ndarray:
+        """The reusable read buffer (grown to `nbytes`), or a fresh one while another fetch still holds it."""
+        if self._reading:
+            return aligned_buffer(nbytes)
+        if self._read_buffer.nbytes < nbytes:
+            self._read_buffer = aligned_buffer(max(nbytes, 2 * self._read_buffer.nbytes))
+        self._reading = True
+        return self._read_buffer
+
+    def _release_read_buffer(self, buffer: np.ndarray) -> None:
+        if buffer is self._read_buffer:
+            self._reading = False
+
+    def _verify(self, layer: int, seq: int, page_numbers: np.ndarray, data: np.ndarray,
+                unwritten_ok: bool = False) -> None:
+        """Check pages `page_numbers` of (layer, seq)'s region, read into `data`, against their crcs."""
+        if self.pages is None or not len(page_numbers):
+            return
+        first = self.layout.region_offset(layer, seq) // PAGE
+        problem = self.pages.mismatch_at(first + page_numbers, data, unwritten_ok)
+        if problem is not None:
+            raise ChecksumError(f"{self.path}: cold records of layer {layer} sequence {seq}: {problem}; "
+                                "the file is damaged: rerun the generation")
 
     # ----- writing -----
 
@@ -124,23 +161,28 @@ class RecordFile:
         slots, records = slots[order], np.asarray(records, dtype=np.uint8)[order]
         if slots[-1] >= self.layout.slots or slots[0] < 0:
             raise IndexError(f"{self.path}: slot out of range 0..{self.layout.slots - 1}")
-        base = self.layout.region_offset(layer, seq)
         for span in consecutive_spans(slots.tolist()):
             first, last = int(slots[span.start]), int(slots[span.stop - 1])
-            self._write_run(base, first, last, records[span])
+            self._write_run(layer, seq, first, last, records[span])
 
-    def _write_run(self, base: int, first: int, last: int, records: np.ndarray) -> None:
-        rec = self.layout.record_bytes
+    def _write_run(self, layer: int, seq: int, first: int, last: int, records: np.ndarray) -> None:
+        rec, base = self.layout.record_bytes, self.layout.region_offset(layer, seq)
         start, end = first * rec, (last + 1) * rec
         page_start, page_end = start // PAGE * PAGE, round_up(end, PAGE)
         buffer = aligned_buffer(page_end - page_start)
         edges = {page_start} if start != page_start else set()
         if end != page_end:
             edges.add(page_end - PAGE)
-        reads = [(base + page, [memoryview(buffer[page - page_start : page - page_start + PAGE])]) for page in sorted(edges)]
-        self.io.read_runs(self._fd, reads)
+        edges = sorted(edges)
+        self.io.read_runs(self._fd, [(base + page, [memoryview(buffer[page - page_start : page - page_start + PAGE])])
+                                     for page in edges])
+        for page in edges:  # the neighbours' bytes kept in these pages must be what was written
+            self._verify(layer, seq, np.array([page // PAGE]), buffer[page - page_start : page - page_start + PAGE],
+                         unwritten_ok=True)
         buffer[start - page_start : end - page_start] = records.reshape(-1)
         self.io.write_runs(self._fd, [(base + page_start, [memoryview(buffer)])])
+        if self.pages is not None:
+            self.pages.record((base + page_start) // PAGE, PageChecksums.of(buffer))
 
     # ----- housekeeping -----
 
@@ -159,6 +201,28 @@ class RecordFile:
             os.unlink(self.path)
 
 
+class PendingRecords:
+    """Records of `RecordFile.submit_many` while their pages are read."""
+
+    def __init__(self, file: RecordFile, layer: int, seqs: list[int], plans: list[_PagePlan], firsts: np.ndarray,
+                 buffer: np.ndarray, read) -> None:
+        self.file, self.layer, self.seqs, self.plans, self.firsts = file, layer, seqs, plans, firsts
+        self.buffer, self.read = buffer, read
+
+    def result(self) -> list[tuple[np.ndarray, int]]:
+        """Per request, the records (uint8 [n, record_bytes], in the order asked) and the pages read."""
+        try:
+            self.read.wait()
+            out = []
+            for seq, plan, first in zip(self.seqs, self.plans, self.firsts.tolist()):
+                pages = self.buffer[first * PAGE : (first + len(plan.pages)) * PAGE]
+                self.file._verify(self.layer, seq, plan.pages, pages)
+                out.append((plan.gather(self.buffer, first), len(plan.pages)))  # copies: the buffer is reused
+            return out
+        finally:
+            self.file._release_read_buffer(self.buffer)
+
+
 class _PagePlan:
     """The pages holding some records of one region, and where each record lands once they are read."""
 
@@ -166,6 +230,12 @@ class _PagePlan:
         self.slots, self.record_bytes = slots, record_bytes
         self.first_page = slots * record_bytes // PAGE
         self.pages = pages_holding(slots, record_bytes)
+
+    def runs(self, base: int, first: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(file offsets, byte lengths, buffer offsets) of the runs of adjacent pages, read from page `first` on."""
+        starts = np.flatnonzero(np.diff(self.pages, prepend=-2) != 1)
+        counts = np.diff(np.append(starts, len(self.pages)))
+        return base + self.pages[starts] * PAGE, counts * PAGE, (first + starts) * PAGE
 
     def gather(self, buffer: np.ndarray, first: int) -> np.ndarray:
         """uint8 [len(slots), record_bytes]: the records, cut out of the pages read into `buffer` from page `first`."""

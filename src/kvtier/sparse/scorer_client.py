@@ -1,8 +1,10 @@
 """Host side of the storage scorer: start it, send per-layer requests, survive its death.
 
-`submit(layer)` returns at once so the host scores its hot pool while the
-scorer works; `wait()` blocks until the layer's cold scores are in the
-channel. Fault handling (the issue's "fault tolerance"):
+The client is the host's one seam to the cold tier's scorer: it owns every
+read and write of the shared channel. `request(layer, query, cold_tokens)`
+returns at once so the host scores its hot pool while the scorer works;
+`scores()` blocks until the layer's cold scores are in and returns them.
+Fault handling (the issue's "fault tolerance"):
 
 - The scorer dies: its end of the response pipe closes, so `wait()` sees end
   of file at once (a request written after its death gets EPIPE). Detection
@@ -28,6 +30,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 import kvtier
 from kvtier.errors import StorageError
@@ -67,19 +71,21 @@ class ScorerClient:
         self._request_fd = self._response_fd = -1
         self._request_id = 0
         self._pending_layer: int | None = None
+        self._pending_tokens = 0
         self._sent = False
         self._fallback: tuple[SketchScorer, IOEngine, int] | None = None
         self._start()
 
     # ----- per-layer requests -----
 
-    def submit(self, layer: int, cold_tokens: int) -> None:
-        """Ask for `layer`'s cold scores (`cold_tokens` per sequence); the query must already be in the channel."""
+    def request(self, layer: int, query: np.ndarray, cold_tokens: int) -> None:
+        """Ask for `layer`'s cold scores (`cold_tokens` per sequence) for `query` [batch, heads, q_per_head, head_dim]."""
+        self.channel.query[:] = query
         self._request_id += 1
         control = self.channel.control
         control[CONTROL_REQUEST], control[CONTROL_LAYER], control[CONTROL_COLD_TOKENS] = self._request_id, layer, cold_tokens
         self.channel.progress[:] = 0
-        self._pending_layer, self._sent = layer, False
+        self._pending_layer, self._pending_tokens, self._sent = layer, cold_tokens, False
         if self.process is None:
             return
         try:
@@ -88,22 +94,23 @@ class ScorerClient:
         except BrokenPipeError:
             pass  # died since the last request: wait() recovers
 
-    def wait(self) -> None:
-        """Block until the submitted layer's scores are all in `channel.results`."""
+    def scores(self) -> np.ndarray:
+        """The requested layer's cold scores, float32 [batch, cold_tokens] (a copy); blocks until all are in."""
         layer, self._pending_layer = self._pending_layer, None
         if layer is None:
-            return
-        if self._sent and self._response() == STATUS_OK:
-            return
-        self._recover(layer)
+            raise RuntimeError("scores() without a request")
+        if not (self._sent and self._response() == STATUS_OK):
+            self._recover(layer)
+        return self.channel.results["score"][:, : self._pending_tokens].copy()
 
     def round_trip_s(self, repeats: int = 200) -> float:
         """Median seconds of an empty request (no cold tokens): the protocol's fixed cost per layer."""
         times = []
+        query = np.zeros(self.channel.query.shape, dtype=np.float32)
         for _ in range(repeats):
             started = time.perf_counter()
-            self.submit(0, 0)
-            self.wait()
+            self.request(0, query, 0)
+            self.scores()
             times.append(time.perf_counter() - started)
         return sorted(times)[len(times) // 2]
 

@@ -11,7 +11,9 @@ imports numpy and kvtier's storage layer only (no torch), so it starts in a
 fraction of a second, and it runs numpy single-threaded: it stands for a small
 accelerator beside the disk, not for a second copy of the host's cores.
 
-On start it answers request id 0 (ready). It exits when the request pipe
+It knows the layer order: once it has answered layer l it reads and
+dequantizes layer l + 1's sketches (sketch_scorer.py), so a query finds them
+ready. On start it answers request id 0 (ready). It exits when the request pipe
 closes (the host is gone) or on a stop request.
 """
 
@@ -65,6 +67,15 @@ def serve(config: dict) -> None:
                 traceback.print_exc(file=sys.stderr)
                 status = STATUS_FAILED
             os.write(responses, RESPONSE.pack(request_id, status))
+            _prepare_next(scorer, (layer + 1) % channel.spec.layers)
+
+
+def _prepare_next(scorer: SketchScorer, layer: int) -> None:
+    """Read and dequantize the next layer while the host computes up to its attention."""
+    try:
+        scorer.prepare(layer)
+    except Exception:  # the request for that layer reads again and reports its own failure
+        traceback.print_exc(file=sys.stderr)
 
 
 if __name__ == "__main__":

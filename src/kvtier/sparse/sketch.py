@@ -87,40 +87,46 @@ def quantize(keys: np.ndarray, fmt: SketchFormat) -> np.ndarray:
     return records
 
 
-def dequantize(records: np.ndarray, fmt: SketchFormat) -> np.ndarray:
-    """Approximate keys (float32 [tokens, heads, head_dim]) from sketch records."""
+def dequantize(records: np.ndarray, fmt: SketchFormat, out: np.ndarray | None = None) -> np.ndarray:
+    """Approximate keys (float32 [tokens, heads, head_dim]) from sketch records.
+
+    The scorer dequantizes a layer once, when its sketches arrive from disk, so that scoring a
+    query is one dot product per token (docs/decisions.md: scoring from the codes cost 7x more).
+    `out`: a float32 buffer of at least tokens x heads x head_dim values to write into (reused, no page faults)."""
     scales, parts = _split(records, fmt)
-    keys = np.empty((len(records), fmt.groups, fmt.group), dtype=np.float32)
+    count = len(records) * fmt.groups * fmt.group
+    keys = (np.empty(count, dtype=np.float32) if out is None else out.reshape(-1)[:count]).reshape(
+        len(records), fmt.groups, fmt.group)
     for codes, dims in parts:
-        keys[:, :, dims] = codes * scales[:, :, None]
+        np.multiply(codes, scales[:, :, None], out=keys[:, :, dims])
     return keys.reshape(-1, fmt.heads, fmt.head_dim)
 
 
 def score(records: np.ndarray, query: np.ndarray, fmt: SketchFormat, aggregation: str) -> np.ndarray:
-    """Raw inner-product importance (float32 [tokens]) of sketched keys for one sequence's query.
+    """Raw inner-product importance (float32 [tokens]) of sketch records for one sequence's query."""
+    return score_keys(dequantize(records, fmt), query, aggregation)
+
+
+def score_keys(keys: np.ndarray, query: np.ndarray, aggregation: str) -> np.ndarray:
+    """Raw inner-product importance (float32 [tokens]) of dequantized keys [tokens, heads, head_dim].
 
     `query` is float32 [heads, q_per_head, head_dim]: for "sum" the query heads of a GQA group
     already summed (q_per_head = 1), so the score is the sum over all heads of q_h . k (DESIGN.md:
-    sum_h q_h.k = (sum_h q_h).k); for "max" every query head, and the score is the max over heads.
+    sum_h q_h.k = (sum_h q_h).k), one dot product per token; for "max" every query head, and the
+    score is the max over heads.
 
     Computed with einsum, not BLAS: its result does not depend on a BLAS thread count, so the
-    scorer process and the host fallback agree bit for bit. einsum also avoids token-sized
-    temporaries, whose page faults cost more than the arithmetic here.
+    scorer process and the host fallback agree bit for bit.
     """
-    scales, parts = _split(records, fmt)
-    tokens, per_head = len(records), fmt.head_dim // fmt.group
-    queries = np.moveaxis(query.reshape(fmt.heads, -1, fmt.head_dim), 1, 0).reshape(-1, fmt.groups, fmt.group)
-    per_query_head = []
-    for q in queries:  # one query for "sum", the GQA group size for "max"
-        partial = sum(np.einsum("tgd,gd->tg", codes, q[:, dims]) for codes, dims in parts)  # [T, groups]
-        per_query_head.append(np.einsum("thg,thg->th", partial.reshape(tokens, fmt.heads, per_head),
-                                        scales.reshape(tokens, fmt.heads, per_head)))
-    dots = np.stack(per_query_head, axis=2).reshape(tokens, -1)  # [T, heads * Q]
-    return np.einsum("tk->t", dots) if aggregation == "sum" else dots.max(axis=1)
+    tokens = len(keys)
+    if aggregation == "sum":
+        return np.einsum("td,d->t", keys.reshape(tokens, -1), query.reshape(-1))
+    dots = np.einsum("thd,hqd->thq", keys, query)
+    return dots.reshape(tokens, -1).max(axis=1)
 
 
-def _split(records: np.ndarray, fmt: SketchFormat) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-    """Scales (float32 [T, groups]) and code parts: (int8 codes [T, groups, n], key dims within a group [n]).
+def _split(records: np.ndarray, fmt: SketchFormat) -> tuple[np.ndarray, list[tuple[np.ndarray, slice]]]:
+    """Scales (float32 [T, groups]) and code parts: (int8 codes [T, groups, n], their dims within a group).
 
     INT8 has one part holding every dim; INT4 two, the low nibbles (even dims) and the high (odd dims).
     """
@@ -128,10 +134,9 @@ def _split(records: np.ndarray, fmt: SketchFormat) -> tuple[np.ndarray, list[tup
     tokens = len(records)
     scales = records[:, : 2 * fmt.groups].view(np.float16).astype(np.float32)
     raw = records[:, 2 * fmt.groups :]
-    dims = np.arange(fmt.group)
     if fmt.bits == 8:
-        return scales, [(raw.view(np.int8).reshape(tokens, fmt.groups, fmt.group), dims)]
+        return scales, [(raw.view(np.int8).reshape(tokens, fmt.groups, fmt.group), slice(None))]
     low = (raw << 4).view(np.int8) >> 4  # arithmetic shifts sign-extend the nibbles
     high = raw.view(np.int8) >> 4
     half = (tokens, fmt.groups, fmt.group // 2)
-    return scales, [(low.reshape(half), dims[0::2]), (high.reshape(half), dims[1::2])]
+    return scales, [(low.reshape(half), slice(0, None, 2)), (high.reshape(half), slice(1, None, 2))]

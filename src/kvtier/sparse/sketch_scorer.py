@@ -4,34 +4,47 @@ Runs inside the storage-side scorer process, and in the host as the fault
 fallback: one code path, so a fallback produces bit-identical scores and the
 generation continues exactly as it would have.
 
-Per sequence the used prefix of the layer's sketch region is read in large
-page-aligned chunks, all submitted at once, and scored in order as chunks
-land, so disk reads overlap the inner products. After every score block of
-`block_tokens` tokens the sequence's progress counter is bumped; a host that
-sees the scorer die resumes from there instead of starting over.
+A layer's sketches are read (one large page-aligned read per sequence, all
+sequences in flight together) and dequantized once; a query is then one dot
+product per token. The scorer process knows the layer order: as soon as it
+has answered layer l it *prepares* layer l + 1 (reads and dequantizes its
+sketches), so that work overlaps the host's computation of layer l + 1 up to
+its attention, and a query finds its keys ready. A prepared layer is used only
+while the host has not rewritten it (its version counter and cold-token count
+in the channel are unchanged); otherwise the request reads the disk.
+
+After every score block of `block_tokens` tokens the sequence's progress
+counter is bumped; a host that sees the scorer die resumes from there instead
+of starting over.
 
 `memory_budget` emulates a computational SSD's on-board DRAM: sketches of
 regions that fit are kept after their first read and reused while the host
-has not rewritten that layer (its version counter in the channel). 0 (the
-default) keeps nothing: every step reads the disk.
+has not rewritten that layer. 0 (the default) keeps nothing: every step reads
+the disk.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import signal
-from concurrent.futures import Future
+from dataclasses import dataclass
 
 import numpy as np
 
 from kvtier.sparse.protocol import CONTROL_COLD_TOKENS, CONTROL_SCORER_READ_BYTES, Channel
 from kvtier.sparse.record_file import RecordLayout
-from kvtier.sparse.sketch import SketchFormat, score
-from kvtier.storage import PAGE, IOEngine, aligned_buffer
-from kvtier.storage.io_engine import then
+from kvtier.sparse.sketch import SketchFormat, dequantize, score_keys
+from kvtier.storage import IOEngine, aligned_buffer
 
-CHUNK_TARGET_BYTES = 256 * 1024  # large enough to stream, small enough to start scoring early
+
+@dataclass
+class PreparedLayer:
+    """A layer's dequantized sketches per sequence, valid for one (version, cold-token count)."""
+
+    layer: int
+    version: int
+    count: int
+    keys: list[np.ndarray]  # float32 [count, heads, head_dim] per sequence
 
 
 class SketchScorer:
@@ -49,77 +62,83 @@ class SketchScorer:
         self.memory_budget = memory_budget
         self.crash_after_blocks = crash_after_blocks  # fault injection for tests only (-1: never)
         self._blocks_scored = 0
+        self._prepared: PreparedLayer | None = None
         self._cached: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
         self._cached_bytes = 0
-        # Chunks hold a whole number of records and pages: lcm(record, page) bytes is the smallest such unit.
-        unit = math.lcm(layout.record_bytes, PAGE)
-        self._chunk_records = max(1, CHUNK_TARGET_BYTES // unit) * unit // layout.record_bytes
-        self._buffer = aligned_buffer(layout.region_stride)
+        self._buffers = [aligned_buffer(layout.region_stride) for _ in range(layout.batch)]
+        self._keys_out = [np.empty(layout.slots * fmt.heads * fmt.head_dim, dtype=np.float32)
+                          for _ in range(layout.batch)]  # dequantized keys, reused layer after layer
+
+    def prepare(self, layer: int) -> None:
+        """Read and dequantize `layer`'s sketches now, ahead of its query."""
+        version = int(self.channel.versions[layer])  # before the count and the data: a rewrite since shows
+        count = int(self.channel.cold_used[layer])
+        self._prepared = PreparedLayer(layer, version, count, self._load(layer, count))
 
     def score_layer(self, layer: int, resume: bool = False) -> None:
         """Score every sequence's cold tokens of `layer`; with `resume`, skip blocks already reported."""
         count = int(self.channel.control[CONTROL_COLD_TOKENS])
-        for seq in range(self.layout.batch):
-            if not resume:
-                self.channel.progress[seq] = 0
-            self._score_sequence(layer, seq, count)
-
-    def _score_sequence(self, layer: int, seq: int, count: int) -> None:
+        if not resume:
+            self.channel.progress[:] = 0
         blocks = -(-count // self.block_tokens)
-        done = int(self.channel.progress[seq])
-        if done >= blocks:
-            return
-        records, chunks = self._records(layer, seq, count, done * self.block_tokens)
+        pending = [seq for seq in range(self.layout.batch) if self.channel.progress[seq] < blocks]
+        keys = self._keys(layer, count, pending)
+        for seq in pending:
+            self._score_sequence(layer, seq, count, keys[seq])
+
+    def _keys(self, layer: int, count: int, seqs: list[int]) -> dict[int, np.ndarray]:
+        """Dequantized keys of `seqs`: the prepared layer if it is still current, else read now."""
+        prepared = self._prepared
+        if (prepared is not None and prepared.layer == layer and prepared.count == count
+                and prepared.version == int(self.channel.versions[layer])):
+            return {seq: prepared.keys[seq] for seq in seqs}
+        self._prepared = None  # its buffers are about to be overwritten
+        return dict(zip(seqs, self._load(layer, count, seqs)))
+
+    def _score_sequence(self, layer: int, seq: int, count: int, keys: np.ndarray) -> None:
         query = np.ascontiguousarray(self.channel.query[seq])
         positions = self.channel.positions[layer, seq]
         results = self.channel.results[seq]
-        from_disk = bool(chunks)
-        ready = 0 if from_disk else count
-        for block in range(done, blocks):
+        for block in range(int(self.channel.progress[seq]), -(-count // self.block_tokens)):
             lo, hi = block * self.block_tokens, min(count, (block + 1) * self.block_tokens)
-            while ready < hi:  # wait for the chunk read that completes this block
-                ready = chunks.pop(0).result()
             results["position"][lo:hi] = positions[lo:hi]
-            results["score"][lo:hi] = score(records[lo:hi], query, self.fmt, self.aggregation)
+            results["score"][lo:hi] = score_keys(keys[lo:hi], query, self.aggregation)
             self.channel.progress[seq] = block + 1  # after the block's data: the host may read it from now on
             self._maybe_crash()
-        if from_disk and not done:  # a resumed read lacks the blocks before `done`
-            self._remember(layer, seq, records)
 
-    def _records(self, layer: int, seq: int, count: int, first: int) -> tuple[np.ndarray, list[Future]]:
-        """The region's records (cached, or landing in the read buffer) and one future per chunk still read.
-
-        Each future yields the number of records available once it completes.
-        """
-        rec = self.layout.record_bytes
+    def _load(self, layer: int, count: int, seqs: list[int] | None = None) -> list[np.ndarray]:
+        """Dequantized keys of the first `count` cold tokens of each of `seqs` (default: all), read together."""
+        seqs = list(range(self.layout.batch)) if seqs is None else seqs
         version = int(self.channel.versions[layer])
-        cached = self._cached.get((layer, seq))
-        if cached is not None and cached[0] == version and len(cached[1]) >= count:
-            return cached[1], []
-        base = self.layout.region_offset(layer, seq)
-        chunks: list[Future] = []
-        for lo in range(first // self._chunk_records * self._chunk_records, count, self._chunk_records):
-            hi = min(count, lo + self._chunk_records)
-            view = memoryview(self._buffer[lo * rec : self.layout.prefix_bytes(hi)])
-            self.channel.control[CONTROL_SCORER_READ_BYTES] += view.nbytes
-            chunks.append(then(self.io.submit_read_runs(self.fd, [(base + lo * rec, [view])]), _constant(hi)))
-        return self._buffer[: count * rec].reshape(count, rec), chunks
+        records: dict[int, np.ndarray] = {}
+        from_disk = []
+        for seq in seqs:
+            cached = self._cached.get((layer, seq))
+            if cached is not None and cached[0] == version and len(cached[1]) >= count:
+                records[seq] = cached[1][:count]
+            else:
+                from_disk.append(seq)
+                records[seq] = self._buffers[seq][: count * self.layout.record_bytes].reshape(count, self.layout.record_bytes)
+        nbytes = self.layout.prefix_bytes(count)
+        if nbytes and from_disk:
+            self.io.read_runs(self.fd, [(self.layout.region_offset(layer, seq), [memoryview(self._buffers[seq][:nbytes])])
+                                        for seq in from_disk])
+            self.channel.control[CONTROL_SCORER_READ_BYTES] += nbytes * len(from_disk)
+        for seq in from_disk:
+            self._remember(layer, seq, version, records[seq])
+        return [dequantize(records[seq], self.fmt, out=self._keys_out[seq]) for seq in seqs]
 
-    def _remember(self, layer: int, seq: int, records: np.ndarray) -> None:
+    def _remember(self, layer: int, seq: int, version: int, records: np.ndarray) -> None:
         """Keep this region's freshly read sketches if the emulated on-board memory has room."""
         old = self._cached.pop((layer, seq), None)
         if old is not None:
             self._cached_bytes -= old[1].nbytes
         if not len(records) or self._cached_bytes + records.nbytes > self.memory_budget:
             return
-        self._cached[(layer, seq)] = (int(self.channel.versions[layer]), records.copy())
+        self._cached[(layer, seq)] = (version, records.copy())
         self._cached_bytes += records.nbytes
 
     def _maybe_crash(self) -> None:
         self._blocks_scored += 1
         if self._blocks_scored == self.crash_after_blocks:
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _constant(value: int):
-    return lambda: value

@@ -23,9 +23,9 @@ class StepStats:
 
     step: int
     score_s: float = 0.0  # query -> merged top-k (hot scoring overlapped with the storage scorer)
-    fetch_s: float = 0.0  # selected K/V to the device: hot gather + cold record reads
+    fetch_s: float = 0.0  # cold reads queued, then the wait for them that attention could not hide, + cold logits
     attention_s: float = 0.0
-    migrate_s: float = 0.0  # promotions/demotions (disk writes of swapped tokens)
+    migrate_s: float = 0.0  # hit table, swap planning, promotions/demotions (disk writes of moved tokens)
     rest_s: float = 0.0
     total_s: float = 0.0
     host_time_s: float = 0.0  # measured T_CPU: hot scoring + hot fetch

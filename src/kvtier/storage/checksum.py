@@ -68,7 +68,7 @@ class PageChecksums:
     @staticmethod
     def of(data: np.ndarray) -> list[int]:
         """The crc of each page of `data` (flat bytes, a whole number of pages)."""
-        return [checksum(page) for page in data.reshape(-1, PAGE)]
+        return [crc32c.crc32c(page) & 0xFFFFFFFF for page in data.reshape(-1, PAGE)]
 
     def record(self, first_page: int, crcs: list[int]) -> None:
         """Pages first_page.. now hold data with these crcs (call once the data is on disk)."""
@@ -77,11 +77,19 @@ class PageChecksums:
 
     def mismatch(self, first_page: int, data: np.ndarray) -> str | None:
         """Why pages first_page.. of the data region do not hold `data` (None when every page checks out)."""
-        for offset, page in enumerate(data.reshape(-1, PAGE)):
-            number = first_page + offset
+        return self.mismatch_at(np.arange(first_page, first_page + data.size // PAGE), data)
+
+    def mismatch_at(self, numbers: np.ndarray, data: np.ndarray, unwritten_ok: bool = False) -> str | None:
+        """Why pages `numbers` do not hold `data` (their bytes back to back); None when every page checks out.
+
+        With `unwritten_ok`, a page never written is accepted as it is (a read-modify-write's fresh edge page).
+        """
+        for number, page in zip(numbers.tolist(), data.reshape(-1, PAGE)):
             if not self._written[number]:
+                if unwritten_ok:
+                    continue
                 return f"data page {number} was never written"
-            found = checksum(page)
+            found = crc32c.crc32c(page) & 0xFFFFFFFF  # pages are contiguous uint8 rows: no byte view needed
             if found != self._crcs[number]:
                 stored = int(self._crcs[number])
                 return f"checksum mismatch in data page {number} (stored 0x{stored:08x}, read 0x{found:08x})"

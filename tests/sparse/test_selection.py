@@ -1,0 +1,81 @@
+"""Exact attention over the device window and the chosen tokens: partial softmaxes merge exactly, and the
+CPU path (hot tokens in place) equals the gathered path used for other devices."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier.sparse.selection import Partial, Picks, Segment, cold_fetched, hot_gathered, hot_in_place, window_segment
+
+B, HKV, G, D = 2, 2, 3, 8
+
+
+def _dense_attention(query, keys, values, scaling):
+    """Reference: softmax over every token, per query head (GQA: head h uses KV head h // G)."""
+    keys, values = keys.repeat_interleave(G, dim=1), values.repeat_interleave(G, dim=1)
+    weights = (torch.matmul(query, keys.transpose(2, 3)) * scaling).softmax(-1)
+    return torch.matmul(weights, values).transpose(1, 2)  # [B, 1, Hq, D]
+
+
+def _segment(query, keys, values, first):
+    grouped = query[:, :, 0].reshape(B, HKV, G, D)
+    positions = np.broadcast_to(np.arange(first, first + keys.shape[2]), (B, keys.shape[2]))
+    return Segment(torch.matmul(grouped, keys.transpose(2, 3)), values, positions)
+
+
+def test_partials_over_split_tokens_merge_to_the_softmax_over_all():
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(B, HKV * G, 1, D, generator=gen)
+    keys, values = torch.randn(B, HKV, 30, D, generator=gen), torch.randn(B, HKV, 30, D, generator=gen)
+    scaling = D ** -0.5
+    parts = [_segment(query, keys[:, :, a:b], values[:, :, a:b], a) for a, b in ((0, 7), (7, 19), (19, 30))]
+    merged = Partial.over(parts[:2], scaling).merge(Partial.over(parts[2:], scaling))
+    torch.testing.assert_close(merged.output(query), _dense_attention(query, keys, values, scaling))
+    assert Partial.over([_segment(query, keys[:, :, :0], values[:, :, :0], 0)], scaling) is None
+
+
+def test_a_boolean_mask_drops_its_tokens_exactly():
+    gen = torch.Generator().manual_seed(1)
+    query = torch.randn(B, HKV * G, 1, D, generator=gen)
+    keys, values = torch.randn(B, HKV, 12, D, generator=gen), torch.randn(B, HKV, 12, D, generator=gen)
+    mask = torch.ones(B, 1, 1, 12, dtype=torch.bool)
+    mask[:, :, :, 5] = False
+    masked = Partial.over([_segment(query, keys, values, 0)], 0.3, attention_mask=mask).output(query)
+    keep = [i for i in range(12) if i != 5]
+    torch.testing.assert_close(masked, _dense_attention(query, keys[:, :, keep], values[:, :, keep], 0.3))
+
+
+def test_picks_take_the_top_alpha_share_and_split_hot_from_cold():
+    hot = torch.tensor([[5.0, 1.0, 9.0, 0.0], [0.0, 0.0, 0.0, 8.0]])
+    cold = torch.tensor([[7.0, 2.0, 3.0], [6.0, 9.0, 1.0]])
+    picks = Picks.top(hot, cold, alpha=3 / 7)
+    assert [list(p) for p in picks.hot] == [[0, 2], [3]]
+    assert [list(p) for p in picks.cold] == [[0], [0, 1]]
+    assert picks.hot_count + picks.cold_count == 2 * math.ceil(3 / 7 * 7)
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_hot_in_place_equals_hot_gathered_and_dense_over_the_chosen(seed):
+    gen = torch.Generator().manual_seed(seed)
+    query = torch.randn(B, HKV * G, 1, D, generator=gen)
+    grouped = query[:, :, 0].reshape(B, HKV, G, D)
+    hot_keys, hot_values = torch.randn(B, HKV, 20, D, generator=gen), torch.randn(B, HKV, 20, D, generator=gen)
+    cold_keys, cold_values = torch.randn(B, HKV, 9, D, generator=gen), torch.randn(B, HKV, 9, D, generator=gen)
+    window_keys, window_values = torch.randn(B, HKV, 5, D, generator=gen), torch.randn(B, HKV, 5, D, generator=gen)
+    picks = Picks([np.array([1, 4, 7, 19]), np.array([0, 2])], [np.array([3]), np.array([0, 5, 8])])
+    dots = torch.matmul(grouped, hot_keys.transpose(2, 3))
+    hot_positions = np.arange(100, 120)[None].repeat(B, 0)
+    window = window_segment(grouped, window_keys, window_values, np.arange(5))
+    cold = cold_fetched(grouped, [(cold_keys[s][:, picks.cold[s]], cold_values[s][:, picks.cold[s]]) for s in range(B)],
+                        [picks.cold[s] + 200 for s in range(B)])
+    outputs = [Partial.over([window, hot(dots, hot_values, hot_positions, picks)], 0.4).merge(
+        Partial.over([cold], 0.4)).output(query) for hot in (hot_in_place, hot_gathered)]
+    torch.testing.assert_close(outputs[0], outputs[1])
+    for seq in range(B):  # and both equal dense attention over exactly the chosen tokens
+        keys = torch.cat([window_keys[seq], hot_keys[seq][:, picks.hot[seq]], cold_keys[seq][:, picks.cold[seq]]], 1)
+        values = torch.cat([window_values[seq], hot_values[seq][:, picks.hot[seq]],
+                            cold_values[seq][:, picks.cold[seq]]], 1)
+        expected = _dense_attention(query[seq : seq + 1], keys[None], values[None], 0.4)
+        torch.testing.assert_close(outputs[0][seq : seq + 1], expected)
