@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU checks of the kvikio (GPUDirect Storage) flash path, in one go: what README's GPU numbers
-# come from. Run from the repository root on a machine with a CUDA device and torch:
+# The GPU checks of the kvikio (GPUDirect Storage) flash path and of the sparse path's CUDA flow, in one go:
+# what README's GPU numbers come from. Run from the repository root on a machine with a CUDA device and torch:
 #   OUT=bench/results/gpu MODEL_DIR=<dir with config.json + tokenizer> bench/gpu/check.sh
 # kvikio comes from an installed package or from wheels in .whl/ (kvikio-cu13, libkvikio-cu13,
 # rapids-logger; crc32c and gguf too where kvtier's own dependencies are missing). MODEL_DIR needs
-# no weights: the benchmark runs with --load-format dummy (random weights in the real architecture).
+# no weights: the benchmarks run with --load-format dummy (random weights in the real architecture).
+# The sparse benchmark runs on SPARSE_MODEL_DIR (default MODEL_DIR) at SPARSE_CONTEXT tokens: the
+# paper's regime is qwen2.5-0.5b's config + tokenizer at 32000.
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
 MODEL_DIR=${MODEL_DIR:-.gpu/smollm2-135m}
@@ -28,10 +30,15 @@ print('torch', torch.__version__, torch.cuda.get_device_name(), '| transformers'
 } 2>&1 | tee "$OUT/machine.txt"
 
 [ "${SKIP_TESTS:-0}" = 1 ] || timeout 150 python3 -m pytest -q -p no:cacheprovider tests/serve/test_gds_swap_gpu.py tests/serve/test_gds_swap.py \
-    tests/serve/test_device_checksum.py tests/serve/test_engine.py 2>&1 | tee "$OUT/pytest.log"
+    tests/serve/test_device_checksum.py tests/serve/test_engine.py tests/sparse/test_cuda_path.py \
+    tests/sparse/test_selection.py 2>&1 | tee "$OUT/pytest.log"
 
 # The default scale: at --scale 0.125 the pool pressure made a single swap-out per run (too few to
 # compare backends); see the README.
 timeout "${BENCH_TIMEOUT:-400}" "${KVTIER[@]}" bench serve --model "$MODEL_DIR" --load-format dummy --device cuda \
     --dtype bfloat16 --repeats 3 --sweep 16,64,256 --flash-dir "$FLASH_DIR" --out "$OUT" 2>&1 | progress_free \
     | tee "$OUT/bench-serve.log"
+
+timeout "${SPARSE_TIMEOUT:-300}" "${KVTIER[@]}" bench sparse --model "${SPARSE_MODEL_DIR:-$MODEL_DIR}" --load-format dummy \
+    --device cuda --dtype bfloat16 --context "${SPARSE_CONTEXT:-8000}" --new-tokens 8 --repeats 2 --policies hit \
+    --storage-dir "$FLASH_DIR" --out "$OUT" 2>&1 | progress_free | tee "$OUT/bench-sparse.log"

@@ -67,17 +67,19 @@ def test_alpha_one_equals_dense_with_a_batch(tiny_llama, tmp_path):
 
 def test_placement_respects_the_host_budget_and_keeps_the_window_on_the_device(tiny_llama, tmp_path):
     ids = _ids(1, 300, 2)
-    cache = _sparse(tiny_llama, tmp_path, 310, host="16KiB", beta=10.0)  # beta asks for more than M0 allows
+    cache = _sparse(tiny_llama, tmp_path, 320, host="16KiB", beta=10.0)  # beta asks for more than M0 allows
     try:
-        _run(tiny_llama, cache, ids, 3)
+        _run(tiny_llama, cache, ids, 17)
         per_token = 2 * 2 * 16 * 4 * 2  # K+V, 2 KV heads, head_dim 16, fp32, 2 tiered layers
         max_hot = 16 * 1024 // per_token - 16
         assert cache.runtime.plan.capped and cache.runtime.hot_tokens == max_hot
         for layer in cache.layers:
-            # placed at 300 tokens; each decode step then retires one token from the recent window to the hot pool
-            assert layer.tier_tokens() == {"device": 4 + 16, "host": max_hot + 3, "storage": 300 - 20 - max_hot}
+            # Placed at 300 tokens (window 284..299). Decode tokens join the window; at step 16 it holds
+            # 16 past the recent 16, which retire together (retire_batch 16) to the hot pool, whose
+            # overflow of 16 (demote_batch) goes to the cold pool at once. Step 17 adds one more.
+            assert layer.tier_tokens() == {"device": 4 + 17, "host": max_hot, "storage": 300 - 20 - max_hot + 16}
             assert list(layer.window_positions[:4]) == [0, 1, 2, 3]
-            assert list(layer.window_positions[4:]) == list(range(287, 303))
+            assert list(layer.window_positions[4:]) == list(range(300, 317))
         sizes = tier_bytes(cache, tiny_llama)
         assert sizes["host"] <= 16 * 1024 and sizes["storage"] > sizes["host"]
         assert cache.io_stats().bytes_read > 0
@@ -203,7 +205,8 @@ def test_watched_positions_are_sink_selected_recent_and_new_token(tiny_llama, tm
         close_cache(cache)
     assert sorted({layer for layer, _ in seen}) == [0, 1]
     layer, positions = seen[-1]
-    pooled = 122 - 4 - 16  # last step: 122 tokens, minus the sink and the recent window (which holds the new token)
-    assert positions.shape == (1, 4 + int(np.ceil(0.25 * pooled)) + 16)
+    # last step: 122 tokens, minus the sink and the window's 18 (recent 16 + 2 decode tokens, none retired yet)
+    pooled = 122 - 4 - 18
+    assert positions.shape == (1, 4 + int(np.ceil(0.25 * pooled)) + 18)
     assert list(positions[0, :4]) == [0, 1, 2, 3] and positions[0, -1] == 121
     assert len(set(positions[0].tolist())) == positions.shape[1]

@@ -75,3 +75,11 @@ def test_a_run_past_the_buffer_is_refused(engine, data_file):
     offsets, lengths, starts = _runs([0], [2])
     with pytest.raises(ValueError, match="past the end of its buffer"):
         engine.read_scattered(fd, offsets, lengths, aligned_buffer(PAGE), starts)
+
+
+def test_runs_into_separate_buffers_in_one_batch(engine, data_file):
+    fd, content = data_file
+    buffers = [aligned_buffer(PAGE), aligned_buffer(3 * PAGE)]
+    engine.read_runs_batched(fd, [(9 * PAGE, [memoryview(buffers[0])]), (100 * PAGE, [memoryview(buffers[1])])])
+    assert np.array_equal(buffers[0], content[9 * PAGE : 10 * PAGE])
+    assert np.array_equal(buffers[1], content[100 * PAGE : 103 * PAGE])

@@ -14,6 +14,7 @@ from kvtier.data.corpus import CORPUS_NAMES
 from kvtier.errors import StorageError
 from kvtier.eval.budgets import BudgetShares
 from kvtier.kv.factory import default_storage_dir
+from kvtier.models.loader import LOAD_FORMATS
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +24,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage-dir", default=None, help="directory for KV files (default: <user cache>/kvtier/kv)")
     parser.add_argument("--force", action="store_true", help="rerun finished cells")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
+
+
+def add_device_options(parser: argparse.ArgumentParser, what_lives_there: str) -> None:
+    """`--device` and `--load-format` (the throughput benchmarks that also run on a GPU)."""
+    parser.add_argument("--device", default="cpu",
+                        help=f"where {what_lives_there}: cpu, cuda or cuda:N (default %(default)s)")
+    parser.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                        help="auto: the model's weights; dummy: random weights in its architecture (throughput "
+                             "only, outputs meaningless; for machines without the weights) (default %(default)s)")
 
 
 def check_writable(out: Path) -> None:

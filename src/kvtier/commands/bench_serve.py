@@ -24,9 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvtier.commands.bench_options import add_device_options
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import StorageError
-from kvtier.models.loader import LOAD_FORMATS, load_model
+from kvtier.models.loader import load_model
 from kvtier.models.paths import cache_dir
 from kvtier.serve.bench import SWEEP_BLOCKS, run_serve_benchmark
 from kvtier.serve.workload import Workload
@@ -40,12 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                    description=__doc__.split("\n\n")[1])
     add_model_option(parser)
     add_dtype_option(parser)
-    parser.add_argument("--device", default="cpu",
-                        help="where the model and the KV pool live: cpu, cuda or cuda:N (default %(default)s); "
-                             "on a GPU, flash swap goes through kvikio (GPUDirect Storage)")
-    parser.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
-                        help="auto: the model's weights; dummy: random weights in its architecture (throughput "
-                             "only, outputs meaningless; for machines without the weights) (default %(default)s)")
+    add_device_options(parser, "the model and the KV pool live (on a GPU, flash swap goes through kvikio)")
     parser.add_argument("--scale", type=float, default=DEFAULT_SCALE,
                         help="fraction of the issue's workload (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="flash/DRAM repeats for medians (default %(default)s)")

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from kvtier.commands.bench_options import check_writable, storage_directory
-from kvtier.commands.kv_options import add_model_option
+from kvtier.commands.bench_options import add_device_options, check_writable, storage_directory
+from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.data.corpus import CORPUS_NAMES, load_corpus
 from kvtier.eval.attention_mass import DenseAttentionProbe
 from kvtier.eval.budgets import BudgetShares, budget_bytes, kv_bytes_per_token
@@ -62,6 +62,9 @@ from kvtier.units import format_size
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("sparse", help="sparse (HillInfer) path vs full offload: speed, disk bytes, recall")
     add_model_option(parser)
+    add_dtype_option(parser)
+    add_device_options(parser, "the model and the device window live (the hot pool stays in pinned host DRAM, "
+                               "the scorer beside the disk)")
     parser.add_argument("--context", type=int, default=2048, help="prompt tokens per sequence")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--new-tokens", type=int, default=16, help="decode steps timed per mode and repeat")
@@ -87,14 +90,16 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.threads)
     check_writable(args.out)
     storage_dir = str(storage_directory(args.storage_dir))
-    llm = load_model(args.model)
+    llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     model, config = llm.model, llm.model.config.get_text_config(decoder=True)
     started = time.perf_counter()
-    tape = _record_prompt(model, _prompt(llm, args.context, args.batch, args.corpus), args.prefill_chunk)
+    ids = _prompt(llm, args.context, args.batch, args.corpus).to(model.device)
+    tape = _record_prompt(model, ids, args.prefill_chunk)
     tiered = full_attention_layers(config)
     kv_bytes = kv_bytes_per_token(model) * args.context * args.batch
     device_budget, host_budget = budget_bytes(model, args.context, BudgetShares(host=args.host_share), args.batch)
-    result = {"model": llm.name, "context": args.context, "batch": args.batch, "new_tokens": args.new_tokens,
+    result = {"model": llm.name, "device": args.device, "dtype": args.dtype,
+              "context": args.context, "batch": args.batch, "new_tokens": args.new_tokens,
               "alpha": args.alpha, "score_bits": args.score_bits, "prompt_kv_bytes": kv_bytes,
               "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": thread_settings(),
               "machine": machine_info(storage_dir), "modes": {},
@@ -241,7 +246,8 @@ def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
         logits = tape.prefill(model, cache)
         with probe.capturing():
             model(input_ids=logits.argmax(-1, keepdim=True), cache=cache)
-    captured = {layer: (query[0, :, 0], keys[0], scaling) for layer, (query, keys, scaling) in probe.captured.items()}
+    captured = {layer: (query[0, :, 0].float().cpu(), keys[0].float().cpu(), scaling)
+                for layer, (query, keys, scaling) in probe.captured.items()}
     table: dict[str, list[tuple[float, float]]] = {}
     for query, keys, scaling in captured.values():
         mass = exact_mass(query, keys, scaling)
@@ -264,6 +270,8 @@ def _edge_mass(masses: list[np.ndarray]) -> dict[str, float]:
 def write_results(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"sparse-{result['model']}-{result['context']}-b{result['batch']}"  # names may hold dots: qwen2.5-0.5b
+    if result.get("device", "cpu") != "cpu":
+        stem += f"-{result['device'].replace(':', '')}"
     if result["score_bits"] != SparseSettings.score_bits:  # an INT4 run sits beside the default's, not over it
         stem += f"-int{result['score_bits']}"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
-from kvtier.kv.factory import disk_bytes
+from kvtier.kv.factory import disk_bytes, place_prompt
 from kvtier.threads import torch_threads
 
 if TYPE_CHECKING:
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chunk: int = 1024,
                    warmup_steps: int = 1, label: str | None = None, decode_threads: int | None = None,
                    tape: PrefillTape | None = None) -> dict:
-    """Prefill `ids` [B, N], run `warmup_steps` untimed steps (the sparse cache places its tiers
-    on the first), then `new_tokens` timed steps. Returns timings, disk bytes per step and the
+    """Prefill `ids` [B, N], place the prompt in the cache's tiers (kv.factory.place_prompt), run
+    `warmup_steps` untimed steps, then `new_tokens` timed steps. Returns timings, disk bytes per step and the
     generated token ids [B, warmup + new_tokens]. With a `label`, a progress bar of forward
     passes goes to stderr. `decode_threads` sets torch's threads for the decode steps only
     (kvtier.threads); prefill runs on the threads set when called. With a `tape` of `ids`
@@ -42,8 +42,9 @@ def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chu
             logits = prefill(model, cache, ids, prefill_chunk, bar.update)
         else:
             logits = tape.prefill(model, cache, bar.update)
-        prefill_s = time.perf_counter() - started
         with torch_threads(decode_threads or torch.get_num_threads()):
+            place_prompt(cache)  # part of prefill, under the decode's threads (the sparse path calibrates APP)
+            prefill_s = time.perf_counter() - started
             tokens = []
             for _ in range(warmup_steps):
                 logits = _step(model, cache, logits, tokens)

@@ -155,6 +155,13 @@ def _storage_directory(storage_dir: str | None) -> Path:
     return directory
 
 
+def place_prompt(cache: Cache) -> None:
+    """End of prefill: a cache that tiers the prompt's KV only then (the sparse cache) does it now."""
+    place = getattr(cache, "place_prompt", None)
+    if place is not None:
+        place()
+
+
 def close_cache(cache: Cache) -> None:
     """Release a cache's files (no-op for dense caches)."""
     close = getattr(cache, "close", None)

@@ -5,42 +5,53 @@ Tiers per full-attention layer and sequence:
     hot      host DRAM, full-precision K/V (HotPool), scored by the host
     cold     storage dir: K|V records + INT8/INT4 key sketches (ColdPool), scored by the scorer process
 
-Per decode step and layer: query -> channel (shared memory) + pipe signal ->
-storage scorer streams <position, score> blocks while the host scores the hot
-pool -> global top-alpha -> fetch selected K/V (hot from DRAM, cold from the
-K|V file) in position order -> the model's own attention over sink + selected
-+ recent -> hit table + bounded swaps.
+Per decode step and layer (overlapped, not in sequence):
+    host: query -> scorer (shared memory + pipe), then q.k over the hot pool (raw dots per query head)
+    scorer: scores the layer's cold sketches, prepared (read + dequantized) while the host computed
+            up to this layer's attention; streams <position, score> blocks back
+    host: global top-alpha -> cold reads of the chosen cold tokens queued (kernel AIO) -> while the
+          disk works: hit table, migration plan, softmax over the window + chosen hot tokens in place
+          (their logits are the dots above) -> cold tokens' part merged in when their pages land
+          (checked per page) -> bounded promotions.
 
 Files (one concept each):
     settings.py        SparseSettings: every knob, validated
     sketch.py          INT8/INT4 key sketches with per-group scales; raw inner-product scoring (numpy only)
     record_file.py     per-token records in page-aligned (layer, sequence) regions; page read-modify-write
     protocol.py        shared-memory channel layout and the 24/16-byte pipe messages
-    sketch_scorer.py   streamed sketch reading + scoring into score blocks (scorer process and host fallback)
+    sketch_scorer.py   next-layer preparation, scoring into streamed score blocks (scorer process and host fallback)
     scorer_process.py  the storage-side scorer process (`python -m kvtier.sparse.scorer_process`)
-    scorer_client.py   host side: start, request/wait, death/hang detection, host fallback, restart
+    scorer_client.py   host side, the layers' one seam to the scorer: start, request/scores, death/hang
+                       detection, host fallback, restart
     hot_pool.py        HotPool (torch, host DRAM)
-    cold_pool.py       ColdPool: host bookkeeping and I/O of the cold files, crc32c per record
+    cold_pool.py       ColdPool: host bookkeeping and I/O of the cold files, crc32c per page
     hit_table.py       HKM hit table, 2 bytes per token (hits with decay, idle steps)
     migration.py       BKP policies (hit table vs naive instantaneous scores), ping-pong meter
     placement.py       SnapKV-style observation-window importance for the initial hot/cold split
     planner.py         APP: latency model, beta by eq. (4) with skew correction, calibration cache
-    layer.py           SparseLayer: the per-layer tiers, selection, fetch, exact attention, migration
+    layer.py           SparseLayer: the per-layer tiers, placement, the overlapped decode step, migration
+    selection.py       the step's picks, attention segments (hot in place / gathered, cold fetched), partial softmax
     attention.py       the attention function hand-off (registered as `kvtier_sparse_<inner>`)
-    cache.py           SparseCache, SparseRuntime, make_sparse_cache (budgets)
+    runtime.py         SparseRuntime: what the layers share (pools' files, scorer client, policy, plan, stats)
+    cache.py           SparseCache, make_sparse_cache (budgets)
     stats.py           per-step breakdown: scoring, fetch, attention, migration, rest; APP predicted vs measured
     recall.py          recall of importance estimates vs exact top-k (benchmark)
 
 Decisions and why:
 - alpha is the share of the *pooled* (hot + cold) tokens attended per step; the
-  sink and recent window come on top. At alpha = 1 the attended tokens are every
-  token in position order, so the output equals the dense cache bit for bit.
+  sink and recent window come on top. At alpha = 1 every token is attended, so
+  the output equals the dense cache up to float rounding (same greedy tokens).
 - The scorer is a subprocess started with `python -m`, not multiprocessing: the
   shared segment is a memfd passed by descriptor (no name another process's
   resource tracker could unlink), the scorer imports no torch (starts fast),
   and it runs numpy single-threaded like the small accelerator it stands for.
 - Scoring uses einsum, not BLAS, so the scorer and the host fallback produce
-  bit-identical scores: a scorer death changes no token of the output.
+  bit-identical scores: a scorer death changes no token of the output. The
+  scorer dequantizes a layer once when it prepares it, so a query costs one dot
+  product per token (docs/decisions.md).
+- Attention is computed here, not by the model's attention function: the hot
+  pool's q.k are already the logits, so the hot keys are read once per step.
+  At alpha = 1 the output equals dense up to float rounding (same tokens).
 - Cold records are per token (selection is per token) and the cold pool is
   written in position order at placement, so neighbouring selected tokens share
   pages; the benchmark reports the pages read per step.
@@ -64,11 +75,9 @@ Decisions and why:
 - Score blocks are 1024 tokens (SparseSettings.score_block_tokens): each block
   is one numpy call in the scorer, and blocks of 64 made the call overhead
   cost more than the inner products (2.6 vs 1.0 ms per 4800 INT8 sketches).
-- A layer's selected tokens are copied once, straight into the attended K/V
-  in position order, and the cold reads of all sequences are in flight
-  together. Both measured with `kvtier bench sparse --context 8000` (full-speed
-  VM): the sparse step went from 381 to 254 ms (fetch 130 -> 94 ms, attention
-  25 -> 12 ms, scoring 136 -> 72 ms with the larger score blocks).
+- Cold reads go to the disk as one kernel AIO batch per layer (all sequences),
+  checked with one crc32c per 4 KiB page; tokens leave the recent window
+  `retire_batch` at a time. Measurements behind these: docs/decisions.md.
 - Prefill attention is dense (the model's own); its K/V accumulate in host
   memory until the first decode step distributes them. The prompt KV must
   therefore fit in host memory once during prefill.

@@ -5,7 +5,7 @@ channel and the storage scorer process, and routes the model's attention
 through attention.py. `close()` stops the scorer and deletes the files.
 
 Budgets (bytes over all tiered layers and sequences, like the other modes):
-- device: the sink + recent window (+ the new token) of every tiered layer must fit;
+- device: the sink + recent window (+ up to `retire_batch` newer tokens) of every tiered layer must fit;
 - host (M0): the hot pool, including the `demote_batch` tokens it may hold
   above its planned size before a batched demotion.
 Sliding-window layers (Gemma 3) keep their bounded window on the device.
@@ -55,6 +55,13 @@ class SparseCache(Cache):
             step.predicted_host_s += host * batch
             step.predicted_storage_s += storage * batch
 
+    def place_prompt(self) -> None:
+        """Split the prompt's K/V into device window, hot and cold pools now, at the end of prefill,
+        rather than inside the first decode step (which then costs what any later step costs)."""
+        for layer in self.layers:
+            if isinstance(layer, SparseLayer) and layer.tokens and not layer.distributed:
+                layer.distribute()
+
     def watch_attended(self, callback: Callable[[int, np.ndarray], None] | None) -> None:
         """Call `callback(layer_idx, positions [B, n])` with the positions each decode step attends (evaluation)."""
         self.runtime.on_attend = callback
@@ -88,10 +95,11 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     token_layer_bytes = 2 * heads * head_dim * torch.empty(0, dtype=model.dtype).element_size()
     per_token = token_layer_bytes * len(tiered_layers) * batch_size
-    window = settings.sink + settings.recent + 1
+    window = settings.sink + settings.recent + settings.retire_batch
     if window * per_token > device_budget:
-        raise ConfigError(f"device KV budget {format_size(device_budget)} cannot hold the sink + recent window "
-                          f"({window} tokens = {format_size(window * per_token)}); raise --device-kv-budget "
+        raise ConfigError(f"device KV budget {format_size(device_budget)} cannot hold the sink + recent window and "
+                          f"the tokens waiting to retire from it ({window} tokens = {format_size(window * per_token)}); "
+                          "raise --device-kv-budget "
                           "or lower --sink/--recent")
     max_hot = max(0, host_budget // per_token - settings.demote_batch)
     attention.install(model)

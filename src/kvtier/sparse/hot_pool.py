@@ -18,9 +18,11 @@ import torch
 class HotPool:
     """Hot tokens of one layer for all sequences; slots 0..used-1 are occupied."""
 
-    def __init__(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, reserve: int = 0) -> None:
-        self.keys = torch.empty(batch, heads, reserve, head_dim, dtype=dtype)
-        self.values = torch.empty_like(self.keys)
+    def __init__(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, reserve: int = 0,
+                 pin: bool = False) -> None:
+        self.pin = pin  # page-locked, for fast copies to a CUDA device
+        self.keys = torch.empty(batch, heads, reserve, head_dim, dtype=dtype, pin_memory=pin)
+        self.values = torch.empty_like(self.keys, pin_memory=pin)
         self.positions = np.full((batch, reserve), -1, dtype=np.int64)
         self.used = 0
 
@@ -42,14 +44,19 @@ class HotPool:
             return
         grown = max(slots, 2 * self.capacity, 64)
         extra = grown - self.capacity
-        pad = self.keys.new_empty(self.keys.shape[0], self.keys.shape[1], extra, self.keys.shape[3])
-        self.keys, self.values = torch.cat([self.keys, pad], dim=2), torch.cat([self.values, pad], dim=2)
+        self.keys, self.values = self._grown(self.keys, grown), self._grown(self.values, grown)
         self.positions = np.concatenate([self.positions, np.full((len(self.positions), extra), -1)], axis=1)
 
     def dots(self, query: torch.Tensor) -> torch.Tensor:
         """Raw q.k [batch, heads, Q, used] (float32) for query [batch, heads, Q, head_dim] (float32)."""
         keys = self.keys[:, :, : self.used]
         return torch.matmul(query, keys.transpose(2, 3) if keys.dtype == torch.float32 else keys.float().transpose(2, 3))
+
+    def _grown(self, tensor: torch.Tensor, slots: int) -> torch.Tensor:
+        batch, heads, used, head_dim = tensor.shape
+        grown = torch.empty(batch, heads, slots, head_dim, dtype=tensor.dtype, pin_memory=self.pin)
+        grown[:, :, :used] = tensor
+        return grown
 
     def score(self, query: torch.Tensor, aggregation: str) -> torch.Tensor:
         """Raw inner-product importance [batch, used] for query [batch, heads, Q, head_dim]."""

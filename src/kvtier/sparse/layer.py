@@ -9,15 +9,16 @@ Life of a layer:
    device and splits the rest between the hot pool (DRAM) and the cold pool
    (files) by observation-window importance (placement.py), sized by APP.
 3. Every decode step (`attend`): the query goes to the storage scorer (cold
-   pool) and scores the hot pool meanwhile; the global top-alpha of the pooled
-   tokens is fetched in full precision (hot from DRAM, cold from the K/V
-   file), put in position order between the sink and recent tokens, and the
-   model's own attention function runs on exactly those tokens. At alpha = 1
-   that is every token in order, so the output equals a dense cache bit for bit.
-4. After attention: the hit table records the selection and the migration
-   policy swaps a bounded number of cold and hot tokens. Tokens leaving the
-   recent window enter the hot pool; when it overflows by `demote_batch`
-   tokens, the coldest are demoted together (one sequential write).
+   pool) and scores the hot pool meanwhile; of the global top-alpha of the
+   pooled tokens, the cold ones are read in full precision from the K/V file
+   while the host records the step in the hit table, plans migration and
+   attends over the window and the chosen hot tokens (selection.py); the cold
+   tokens' part of the softmax is merged in when they land. At alpha = 1 every
+   token is attended, so the output equals a dense cache up to float rounding.
+4. After attention: the migration policy swaps a bounded number of cold and
+   hot tokens. Tokens leaving the recent window enter the hot pool
+   `retire_batch` at a time; when it overflows by `demote_batch` tokens, the
+   coldest are demoted together (one sequential write).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class SparseLayer(CacheLayerMixin):
         self.device, self.dtype = key_states.device, key_states.dtype
         self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
         batch, heads, _, head_dim = key_states.shape
-        self.hot = HotPool(batch, heads, head_dim, self.dtype)
+        self.hot = HotPool(batch, heads, head_dim, self.dtype, pin=self.device.type == "cuda")
         self.table = HitTable(batch, self.runtime.max_tokens)
         self.is_initialized = True
 
@@ -148,9 +149,10 @@ class SparseLayer(CacheLayerMixin):
     # ----- decode -----
 
     def _retire_oldest_recent(self) -> None:
-        """Move tokens past the recent window into the hot pool; demote in a batch if it overflows."""
+        """Move tokens past the recent window into the hot pool, `retire_batch` at a time; demote in a batch
+        if the pool overflows."""
         excess = self.keys.shape[2] - self.sink_tokens - self.runtime.settings.recent
-        if excess <= 0:
+        if excess < self.runtime.settings.retire_batch:
             return
         moving = slice(self.sink_tokens, self.sink_tokens + excess)
         positions = np.broadcast_to(self.window_positions[moving], (self.keys.shape[0], excess)).copy()

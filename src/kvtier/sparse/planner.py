@@ -70,10 +70,11 @@ from kvtier.storage import IOEngine
 
 log = logging.getLogger(__name__)
 CALIBRATION_TOKENS = 16384
-CALIBRATION_VERSION = 4  # part of the cache key: bump when `calibrate` measures something new (2: round trip,
+CALIBRATION_VERSION = 5  # part of the cache key: bump when `calibrate` measures something new (2: round trip,
 # 3: host fetch includes placing the tokens, as decode does; 4: the host fetch gathers values only and the
-# scorer scores prepared, dequantized sketches)
+# scorer scores prepared, dequantized sketches; 5: each scorer request is timed after its preparation)
 SKEW_ITERATIONS = 4
+PREPARE_PAUSE_S = 0.02  # longer than the scorer takes to prepare a calibration-sized layer
 
 
 @dataclass(frozen=True)
@@ -202,8 +203,11 @@ def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bit
         try:
             cold.append(0, keys, keys, np.arange(tokens)[None, :])
             scorer = ScorerClient(channel, cold.sketches.path, cold.sketches.layout, fmt, aggregation, block_tokens)
-            round_trip = _median_time(lambda: (scorer.request(0, query.numpy(), 1), scorer.scores()), repeats=9)
-            scan = _median_time(lambda: (scorer.request(0, query.numpy(), tokens), scorer.scores())) - round_trip
+            # After each answer the scorer prepares the next layer; in decode the host's own work hides that,
+            # so each timed request waits for it first (PREPARE_PAUSE_S) and times the request alone.
+            request = lambda count: (scorer.request(0, query.numpy(), count), scorer.scores())  # noqa: E731
+            round_trip = _median_time(lambda: request(1), repeats=9, pause_s=PREPARE_PAUSE_S)
+            scan = _median_time(lambda: request(tokens), pause_s=PREPARE_PAUSE_S) - round_trip
             storage_score = tokens / max(scan, 1e-9)
             storage_fetch = len(picks) / _median_time(lambda: cold.fetch(0, 0, picks))
         finally:
@@ -220,9 +224,10 @@ def _gather_values(hot: HotPool, picks: np.ndarray):
     return lambda: hot.values[0].index_select(1, index)
 
 
-def _median_time(action, repeats: int = 5) -> float:
+def _median_time(action, repeats: int = 5, pause_s: float = 0.0) -> float:
     times = []
     for _ in range(repeats):
+        time.sleep(pause_s)
         started = time.perf_counter()
         action()
         times.append(time.perf_counter() - started)

@@ -38,7 +38,7 @@ class Picks:
     def top(cls, hot_scores: torch.Tensor, cold_scores: torch.Tensor, alpha: float) -> Picks:
         """The top-alpha share of the pooled tokens by score (hot [B, Nh], cold [B, Nc])."""
         pooled = hot_scores.shape[1] + cold_scores.shape[1]
-        chosen = torch.cat([hot_scores, cold_scores], dim=1).topk(math.ceil(alpha * pooled), dim=1).indices
+        chosen = torch.cat([hot_scores, cold_scores], dim=1).topk(math.ceil(alpha * pooled), dim=1, sorted=False).indices
         chosen = np.sort(chosen.numpy(), axis=1)
         hot_used = hot_scores.shape[1]
         splits = [int(np.searchsorted(row, hot_used)) for row in chosen]

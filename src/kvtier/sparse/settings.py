@@ -25,6 +25,9 @@ class SparseSettings:
     promote_hits: int = 2
     idle_steps: int = 16
     demote_batch: int = 64  # tokens per sequence demoted at once when the hot pool overflows (batched writes)
+    # Tokens leave the recent window for the hot pool this many at a time, so the window holds recent to
+    # recent + retire_batch - 1 tokens (all attended); moving one per step cost ~0.3 ms per layer and step.
+    retire_batch: int = 16
     scorer_memory_budget: int = 0  # bytes of sketches the scorer may keep in memory (emulated on-board DRAM)
     scorer_io_threads: int = 4
     # Tokens per streamed score block. Each block is one numpy call in the scorer, so small blocks pay call
@@ -47,8 +50,10 @@ class SparseSettings:
             raise ConfigError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if self.policy not in POLICIES:
             raise ConfigError(f"migration policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.observation_window < 1 or self.demote_batch < 1 or self.score_block_tokens < 1 or self.max_moves < 0:
-            raise ConfigError("observation_window, demote_batch and score_block_tokens must be >= 1, max_moves >= 0")
+        if min(self.observation_window, self.demote_batch, self.score_block_tokens, self.retire_batch) < 1 \
+                or self.max_moves < 0:
+            raise ConfigError("observation_window, demote_batch, score_block_tokens and retire_batch must be >= 1, "
+                              "max_moves >= 0")
         return self
 
 

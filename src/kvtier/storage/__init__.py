@@ -7,7 +7,8 @@ bytes (numpy arrays, bytearrays, CPU tensors viewed as uint8).
     aligned.py      page-aligned buffers for O_DIRECT, byte views of caller buffers
     checksum.py     crc32c of blocks, the per-block checksum table, in-memory per-page crcs
     direct_file.py  O_DIRECT open with buffered fallback, page-cache eviction
-    io_engine.py    thread pool of preadv/pwritev over runs of adjacent buffers
+    io_engine.py    thread pool of preadv/pwritev over runs of adjacent buffers; scattered reads in one batch
+    kernel_aio.py   Linux kernel AIO (io_submit/io_getevents) through ctypes, for those batches
     header.py       page 0 of a block file (format version, layout, model id)
     block_file.py   KVBlockFile: create/open/validate, coalesced checksummed block I/O, page reads
     pages.py        which 4 KiB pages hold chosen fixed-size records (tokens), short gaps bridged

@@ -184,7 +184,9 @@ class KVBlockFile:
         of the same layer and kind) and lands at bytes [p * PAGE, (p + 1) * PAGE) of the request's
         buffer, which must be page-aligned under O_DIRECT. Adjacent pages move in one syscall.
         """
-        self._read_now(*self._prepare_page_read(requests))
+        runs, finish = self._prepare_page_read(requests)
+        self.io.read_runs_batched(self._fd, runs)  # scattered pages: one kernel AIO batch, as the sparse path reads
+        finish()
 
     def submit_read_pages(self, requests: Sequence[PageRequest]) -> Future[None]:
         """`read_pages` in the background; `.result()` raises its errors."""

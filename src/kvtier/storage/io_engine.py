@@ -123,9 +123,30 @@ class IOEngine:
             runs = [(int(offset), [memoryview(buffer[start : start + length])])
                     for offset, length, start in zip(offsets.tolist(), lengths.tolist(), buffer_offsets.tolist())]
             return ScatteredRead(self, fd, future=self.submit_read_runs(fd, runs))
+        return self._submit_aio(aio, fd, offsets, lengths, buffer.ctypes.data + buffer_offsets.astype(np.uint64), buffer)
+
+    def read_runs_batched(self, fd: int, runs: Sequence[Run]) -> None:
+        """`read_runs` for many small single-buffer runs: one kernel AIO batch where available (as the sparse
+        path's cold fetch reads), the threads otherwise."""
+        aio = self._kernel_aio()
+        if aio is None or not runs or any(len(buffers) != 1 for _, buffers in runs):
+            self.read_runs(fd, runs)
+            return
+        views = [np.frombuffer(buffers[0], dtype=np.uint8) for _, buffers in runs]
+        offsets = np.array([offset for offset, _ in runs], dtype=np.int64)
+        lengths = np.array([view.nbytes for view in views], dtype=np.int64)
+        addresses = np.array([view.ctypes.data for view in views], dtype=np.uint64)
+        self._submit_aio(aio, fd, offsets, lengths, addresses, views).wait()
+
+    def _submit_aio(self, aio: KernelAio, fd: int, offsets: np.ndarray, lengths: np.ndarray, addresses: np.ndarray,
+                    buffers) -> ScatteredRead:
         self._aio_lock.acquire()  # released by ScatteredRead.wait
-        return ScatteredRead(self, fd, batch=aio.submit(fd, offsets, lengths, buffer.ctypes.data +
-                                                        buffer_offsets.astype(np.uint64)), buffer=buffer)
+        try:
+            batch = aio.submit(fd, offsets, lengths, addresses)
+        except BaseException:
+            self._aio_lock.release()
+            raise
+        return ScatteredRead(self, fd, batch=batch, buffer=buffers)
 
     def _kernel_aio(self) -> KernelAio | None:
         if self._aio is False:
@@ -193,7 +214,7 @@ class ScatteredRead:
     """Reads in flight from `IOEngine.submit_scattered` (kernel AIO batch or thread-pool future)."""
 
     def __init__(self, engine: IOEngine, fd: int, future: Future[None] | None = None, batch=None,
-                 buffer: np.ndarray | None = None) -> None:
+                 buffer=None) -> None:
         self.engine, self.fd, self.future, self.batch = engine, fd, future, batch
         self.buffer = buffer  # kept alive while the kernel writes into it
 
