@@ -210,3 +210,23 @@ def test_watched_positions_are_sink_selected_recent_and_new_token(tiny_llama, tm
     assert positions.shape == (1, 4 + int(np.ceil(0.25 * pooled)) + 18)
     assert list(positions[0, :4]) == [0, 1, 2, 3] and positions[0, -1] == 121
     assert len(set(positions[0].tolist())) == positions.shape[1]
+
+
+def test_the_prompt_is_placed_in_its_tiers_at_the_end_of_prefill(tiny_llama, tmp_path):
+    ids = _ids(1, 200, 7)
+    cache = _sparse(tiny_llama, tmp_path, 220)
+    try:
+        with torch.inference_mode():
+            logits = tiny_llama(input_ids=ids, cache=cache).logits[:, -1]
+        assert not any(layer.distributed for layer in cache.layers)
+        cache.place_prompt()  # what kvtier.generate and the benchmarks call once prefill is done
+        tiers = [layer.tier_tokens() for layer in cache.layers]
+        assert all(t["storage"] > 0 and t["host"] > 0 and sum(t.values()) == 200 for t in tiers)
+        assert cache.stats.steps == []  # no decode step has run: placement is not billed to one
+        with torch.inference_mode():  # decoding goes on from the placed tiers
+            for _ in range(2):
+                logits = tiny_llama(input_ids=logits.argmax(-1, keepdim=True), cache=cache).logits[:, -1]
+        assert [layer.tier_tokens()["device"] for layer in cache.layers] == [4 + 16 + 2] * 2
+        assert len(cache.stats.steps) == 2
+    finally:
+        close_cache(cache)
