@@ -45,7 +45,7 @@ def test_scattered_runs_land_where_asked(engine, data_file):
     fd, content = data_file
     offsets, lengths, starts = _runs([1500, 3, 700, 701], [2, 1, 1, 3])
     buffer = aligned_buffer(int(lengths.sum()))
-    engine.read_scattered(fd, offsets, lengths, buffer, starts)
+    engine.submit_scattered(fd, offsets, lengths, buffer, starts).wait()
     for offset, length, start in zip(offsets, lengths, starts):
         assert np.array_equal(buffer[start : start + length], content[offset : offset + length])
     assert engine.stats.bytes_read == int(lengths.sum())
@@ -65,16 +65,16 @@ def test_a_read_past_the_end_says_the_file_is_truncated(engine, data_file):
     fd, _ = data_file
     offsets, lengths, starts = _runs([PAGES - 1], [2])
     with pytest.raises(StorageError, match="truncated"):
-        engine.read_scattered(fd, offsets, lengths, aligned_buffer(2 * PAGE), starts)
+        engine.submit_scattered(fd, offsets, lengths, aligned_buffer(2 * PAGE), starts).wait()
     offsets, lengths, starts = _runs([0], [1])  # the engine stays usable
-    engine.read_scattered(fd, offsets, lengths, aligned_buffer(PAGE), starts)
+    engine.submit_scattered(fd, offsets, lengths, aligned_buffer(PAGE), starts).wait()
 
 
 def test_a_run_past_the_buffer_is_refused(engine, data_file):
     fd, _ = data_file
     offsets, lengths, starts = _runs([0], [2])
     with pytest.raises(ValueError, match="past the end of its buffer"):
-        engine.read_scattered(fd, offsets, lengths, aligned_buffer(PAGE), starts)
+        engine.submit_scattered(fd, offsets, lengths, aligned_buffer(PAGE), starts).wait()
 
 
 def test_runs_into_separate_buffers_in_one_batch(engine, data_file):

@@ -195,6 +195,7 @@ def _sparse_details(cache: SparseCache) -> dict:
     runtime = cache.runtime
     return sparse_details(cache) | {
         "direct": runtime.cold.kv.direct,
+        "io_backend": runtime.io.backend,  # how the cold reads reach the disk: kernel AIO or the thread pool
         "scorer_round_trip_us": runtime.scorer.round_trip_s(repeats=200) * 1e6,
         "scorer_host_fallbacks": runtime.scorer.host_scored_requests,
     }

@@ -213,13 +213,13 @@ class SparseLayer(CacheLayerMixin):
         partial = Partial.over([window, self._hot_segment(hot_dots, picks)], scaling, attention_mask, softcap)
         hot_attended = time.perf_counter()
         cold = wait_cold()
-        cold_segment = self._cold_segment(grouped, picks, cold)
+        cold_segment = self._cold_segment(grouped, picks, positions, cold)
         cold_fetched = time.perf_counter()
         output = partial.merge(Partial.over([cold_segment], scaling, attention_mask, softcap)).output(query)
         attended = time.perf_counter()
         if runtime.on_attend is not None:
             self._report_attended(positions)
-        self._apply_swaps(swaps, picks, cold)
+        self._apply_swaps(swaps, picks, positions, cold)
         if step is not None:
             step.score_s += chosen - started
             step.fetch_s += submitted - chosen + cold_fetched - hot_attended
@@ -247,10 +247,9 @@ class SparseLayer(CacheLayerMixin):
             return hot_in_place(hot_dots, self.hot.values, hot_positions, picks)
         return hot_gathered(hot_dots, self.hot.values, hot_positions, picks).to(self.device)
 
-    def _cold_segment(self, grouped: torch.Tensor, picks: Picks, cold: list) -> Segment:
-        cold_positions = self.runtime.cold.positions[self.tier]
-        positions = [cold_positions[seq, slots] for seq, slots in enumerate(picks.cold)]
-        return cold_fetched(grouped, [(keys, values) for keys, values, _ in cold], positions).to(self.device)
+    def _cold_segment(self, grouped: torch.Tensor, picks: Picks, positions: np.ndarray, cold: list) -> Segment:
+        return cold_fetched(grouped, [(keys, values) for keys, values, _ in cold],
+                            _cold_part(picks, positions)).to(self.device)
 
     def _report_attended(self, chosen: np.ndarray) -> None:
         """Tell the evaluation watcher the positions attended: sink, chosen, recent (with the new token)."""
@@ -265,20 +264,18 @@ class SparseLayer(CacheLayerMixin):
         policy = self.runtime.policy
         if policy is None:
             return [NO_SWAPS] * len(picks.cold)
-        cold_positions = self.runtime.cold.positions[self.tier]
         hot_positions = self.hot.positions[:, : self.hot.used]
-        return [policy.plan(self.table, seq, cold_positions[seq, slots].astype(np.int64), cold_scores[seq, slots],
-                            hot_positions[seq], hot_scores[seq]) if len(slots) else NO_SWAPS
-                for seq, slots in enumerate(picks.cold)]
+        return [policy.plan(self.table, seq, cold_positions, cold_scores[seq, slots], hot_positions[seq],
+                            hot_scores[seq]) if len(slots) else NO_SWAPS
+                for seq, (slots, cold_positions) in enumerate(zip(picks.cold, _cold_part(picks, positions)))]
 
-    def _apply_swaps(self, plans: list[Swaps], picks: Picks, cold: list) -> None:
+    def _apply_swaps(self, plans: list[Swaps], picks: Picks, positions: np.ndarray, cold: list) -> None:
         """Promote the planned cold tokens (their K/V just fetched) into the victims' hot slots, and back."""
         cold_pool = self.runtime.cold
-        for seq, swaps in enumerate(plans):
+        for seq, (swaps, cold_positions) in enumerate(zip(plans, _cold_part(picks, positions))):
             if not len(swaps):
                 continue
             cold_slots = picks.cold[seq]
-            cold_positions = cold_pool.positions[self.tier, seq, cold_slots].astype(np.int64)
             hot_positions = self.hot.positions[seq, : self.hot.used]
             cold_keys, cold_values, _ = cold[seq]
             victim_index = torch.from_numpy(swaps.victims)
@@ -295,3 +292,8 @@ class SparseLayer(CacheLayerMixin):
             if step is not None:
                 step.promotions += len(swaps)
                 step.demotions += len(swaps)
+
+
+def _cold_part(picks: Picks, positions: np.ndarray) -> list[np.ndarray]:
+    """Per sequence, the positions of the chosen cold tokens: the tail of its row of chosen positions."""
+    return [row[len(hot) :] for row, hot in zip(positions, picks.hot)]

@@ -73,7 +73,7 @@ class SketchScorer:
         """Read and dequantize `layer`'s sketches now, ahead of its query."""
         version = int(self.channel.versions[layer])  # before the count and the data: a rewrite since shows
         count = int(self.channel.cold_used[layer])
-        self._prepared = PreparedLayer(layer, version, count, self._load(layer, count))
+        self._prepared = PreparedLayer(layer, version, count, self._load(layer, count, version))
 
     def score_layer(self, layer: int, resume: bool = False) -> None:
         """Score every sequence's cold tokens of `layer`; with `resume`, skip blocks already reported."""
@@ -88,12 +88,11 @@ class SketchScorer:
 
     def _keys(self, layer: int, count: int, seqs: list[int]) -> dict[int, np.ndarray]:
         """Dequantized keys of `seqs`: the prepared layer if it is still current, else read now."""
-        prepared = self._prepared
-        if (prepared is not None and prepared.layer == layer and prepared.count == count
-                and prepared.version == int(self.channel.versions[layer])):
+        prepared, version = self._prepared, int(self.channel.versions[layer])
+        if prepared is not None and (prepared.layer, prepared.count, prepared.version) == (layer, count, version):
             return {seq: prepared.keys[seq] for seq in seqs}
         self._prepared = None  # its buffers are about to be overwritten
-        return dict(zip(seqs, self._load(layer, count, seqs)))
+        return dict(zip(seqs, self._load(layer, count, version, seqs)))
 
     def _score_sequence(self, layer: int, seq: int, count: int, keys: np.ndarray) -> None:
         query = np.ascontiguousarray(self.channel.query[seq])
@@ -106,10 +105,10 @@ class SketchScorer:
             self.channel.progress[seq] = block + 1  # after the block's data: the host may read it from now on
             self._maybe_crash()
 
-    def _load(self, layer: int, count: int, seqs: list[int] | None = None) -> list[np.ndarray]:
-        """Dequantized keys of the first `count` cold tokens of each of `seqs` (default: all), read together."""
+    def _load(self, layer: int, count: int, version: int, seqs: list[int] | None = None) -> list[np.ndarray]:
+        """Dequantized keys of the first `count` cold tokens of each of `seqs` (default: all), read together;
+        `version`: the layer's version read before the count (what a cached copy is valid for)."""
         seqs = list(range(self.layout.batch)) if seqs is None else seqs
-        version = int(self.channel.versions[layer])
         records: dict[int, np.ndarray] = {}
         from_disk = []
         for seq in seqs:

@@ -12,10 +12,10 @@ layers, 8 threads, on the development VM: 1.4-2.9 s with a task per run,
 The synchronous calls work through the first group in the calling thread, so
 a single run costs no thread hand-off.
 
-`read_scattered` is for many small reads into one buffer (the sparse path's
-cold fetch, the selective baselines' page reads): it goes through kernel AIO
-(kernel_aio.py) where available, every read queued at once with no Python work
-per read, and through the threads otherwise.
+`submit_scattered` (many small reads into one buffer: the sparse path's cold
+fetch) and `read_runs_batched` (the selective baselines' page reads) go through
+kernel AIO (kernel_aio.py) where available, every read queued at once with no
+Python work per read, and through the threads otherwise.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class IOEngine:
 
     @property
     def backend(self) -> str:
-        """What `read_scattered` uses: "kernel-aio" or "threads"."""
+        """What scattered reads go through: "kernel-aio" or "threads" (recorded in benchmark results)."""
         return "kernel-aio" if self._kernel_aio() is not None else "threads"
 
     def read_runs(self, fd: int, runs: Sequence[Run]) -> None:
@@ -104,14 +104,10 @@ class IOEngine:
         """`write_runs` in the background; the future completes when every run is done."""
         return gather([self._pool.submit(_each, self._write_run, fd, group) for group in self._groups(runs)])
 
-    def read_scattered(self, fd: int, offsets: np.ndarray, lengths: np.ndarray, buffer: np.ndarray,
-                       buffer_offsets: np.ndarray) -> None:
-        """Read `lengths[i]` bytes at file offset `offsets[i]` into `buffer[buffer_offsets[i]:]`, for every i."""
-        self.submit_scattered(fd, offsets, lengths, buffer, buffer_offsets).wait()
-
     def submit_scattered(self, fd: int, offsets: np.ndarray, lengths: np.ndarray, buffer: np.ndarray,
                          buffer_offsets: np.ndarray) -> ScatteredRead:
-        """`read_scattered` queued now; call `wait()` on the result before using `buffer`.
+        """Queue reads of `lengths[i]` bytes at file offset `offsets[i]` into `buffer[buffer_offsets[i]:]`, for
+        every i; call `wait()` on the result before using `buffer`.
 
         Through kernel AIO one batch per engine is in flight at a time: a second submission waits
         until the first has been waited for.
@@ -200,8 +196,7 @@ class IOEngine:
             except OSError as error:
                 raise _storage_error(error, verb, fd, offset) from error
             if moved == 0:
-                raise StorageError(f"{fd_name(fd)}: unexpected end of file at offset {offset} while trying to "
-                                   f"{verb} {sum(view.nbytes for view in pending)} more bytes; the file is truncated")
+                raise _truncated(fd, offset, verb, sum(view.nbytes for view in pending))
             if verb == "read":
                 self.stats.add(bytes_read=moved, read_calls=1)
             else:
@@ -231,8 +226,7 @@ class ScatteredRead:
         except ReadFailed as failed:
             if failed.error is not None:
                 raise _storage_error(failed.error, "read", self.fd, failed.offset) from failed.error
-            raise StorageError(f"{fd_name(self.fd)}: unexpected end of file at offset {failed.offset} while trying "
-                               f"to read {failed.wanted - failed.moved} more bytes; the file is truncated") from None
+            raise _truncated(self.fd, failed.offset, "read", failed.wanted - failed.moved) from None
         finally:
             self.engine._aio_lock.release()
         self.engine.stats.add(bytes_read=moved, read_calls=batch.count)
@@ -259,6 +253,11 @@ def fd_name(fd: int) -> str:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return f"file descriptor {fd}"
+
+
+def _truncated(fd: int, offset: int, verb: str, remaining: int) -> StorageError:
+    return StorageError(f"{fd_name(fd)}: unexpected end of file at offset {offset} while trying to {verb} "
+                        f"{remaining} more bytes; the file is truncated")
 
 
 def _storage_error(error: OSError, verb: str, fd: int, offset: int) -> StorageError:

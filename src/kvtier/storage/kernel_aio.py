@@ -48,11 +48,11 @@ class ReadFailed(Exception):
 
 
 class KernelAio:
-    """One kernel AIO context; `read` moves a batch of (file offset, length, buffer address) reads."""
+    """One kernel AIO context; `submit` queues a batch of (file offset, length, buffer address) reads."""
 
     def __init__(self, libc: ctypes.CDLL, numbers: tuple[int, int, int, int], context: ctypes.c_ulong) -> None:
         self._libc = libc
-        self._setup, self._destroy, self._getevents, self._submit = numbers
+        _, self._destroy, self._getevents, self._submit = numbers  # io_setup was called by `open`
         self._context = context
 
     @classmethod
@@ -70,15 +70,9 @@ class KernelAio:
             return None
         return cls(libc, numbers, context)
 
-    def read(self, fd: int, offsets: np.ndarray, lengths: np.ndarray, addresses: np.ndarray) -> int:
-        """Read `lengths[i]` bytes at file offset `offsets[i]` into memory at `addresses[i]`, for every i.
-
-        Returns the bytes read; raises ReadFailed for a failed or short read (after every read finished).
-        """
-        return self.submit(fd, offsets, lengths, addresses).wait()
-
     def submit(self, fd: int, offsets: np.ndarray, lengths: np.ndarray, addresses: np.ndarray) -> AioBatch:
-        """Queue the reads and return at once; `wait()` on the result before touching the buffers.
+        """Queue reads of `lengths[i]` bytes at file offset `offsets[i]` into memory at `addresses[i]` and return
+        at once; `wait()` on the result (the bytes read, or ReadFailed) before touching the buffers.
 
         One batch per context may be in flight at a time (its completions are reaped by count).
         """
