@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from kvtier.errors import ContextTooLongError
 from kvtier.kv.factory import KVConfig, close_cache, disk_bytes, make_cache, place_prompt, tier_bytes
-from kvtier.threads import decode_threads, torch_threads
+from kvtier.threads import decoding
 
 
 @dataclass
@@ -94,7 +94,7 @@ def generate(
         try:
             started = time.perf_counter()
             logits = _prefill(model, ids.to(model.device), cache, prefill_chunk, progress)
-            with torch_threads(decode_threads(kv_config.kv)):  # sparse: a core for the scorer process
+            with decoding(kv_config.kv):  # sparse: a core for the scorer process
                 place_prompt(cache)  # under the decode's threads: the sparse path calibrates APP there
                 prefilled = time.perf_counter()
                 new_ids = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text)

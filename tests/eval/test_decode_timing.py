@@ -39,11 +39,12 @@ class _ThreadSpy(DynamicCache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
-def test_decode_threads_apply_to_the_steps_only_and_are_restored(tiny_llm):
+def test_decode_threads_apply_to_the_steps_only_and_are_restored(tiny_llm, monkeypatch):
+    monkeypatch.setattr("kvtier.threads.machine_threads", lambda: 2)  # the sparse path decodes on 1 of 2
     model = tiny_llm.model
     with torch_threads(2):
         cache = _ThreadSpy(model.config)
         measure_decode(model, cache, torch.randint(0, model.config.vocab_size, (1, 40)), new_tokens=2,
-                       prefill_chunk=32, decode_threads=1)
+                       prefill_chunk=32, decode_mode="sparse")
         assert cache.threads == [(32, 2), (8, 2), (1, 1), (1, 1), (1, 1)]  # two prompt chunks, warm-up, 2 steps
         assert torch.get_num_threads() == 2

@@ -48,7 +48,7 @@ from kvtier.eval.decode_timing import measure_decode
 from kvtier.eval.prefill_tape import PrefillTape, record, recorded_tokens
 from kvtier.eval.record import machine_info
 from kvtier.eval.traffic import sparse_details
-from kvtier.threads import decode_threads, describe_threads, machine_threads, thread_settings, torch_threads
+from kvtier.threads import decoding, describe_threads, machine_threads, thread_settings
 from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache
 from kvtier.kv.offload import OffloadCache
 from kvtier.models.loader import load_model
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.recalibrate:
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        with torch_threads(decode_threads("sparse")):  # the rates of the threads the sparse path decodes on
+        with decoding("sparse"):  # the rates of the threads and cores the sparse path decodes on
             result["calibration"] = vars(load_or_calibrate(storage_dir, heads, head_dim, model.dtype,
                                                            args.score_bits, "sum", refresh=True))
     builders = _mode_builders(model, llm.model_id, tape, args, storage_dir, device_budget, host_budget, tiered)
@@ -179,7 +179,7 @@ def _measure(model, cache, tape: PrefillTape, args: argparse.Namespace, label: s
     """Prefill from the tape, one untimed step (the sparse cache places its tiers), then `new_tokens` timed steps."""
     try:
         measured = measure_decode(model, cache, tape.ids, args.new_tokens, args.prefill_chunk, label=label,
-                                  decode_threads=decode_threads(label), tape=tape)
+                                  decode_mode=label, tape=tape)
         measured.pop("token_ids")
         if isinstance(cache, SparseCache):
             measured |= _sparse_details(cache)

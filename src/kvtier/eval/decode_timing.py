@@ -17,20 +17,20 @@ import torch
 from tqdm import tqdm
 
 from kvtier.kv.factory import disk_bytes, place_prompt
-from kvtier.threads import torch_threads
+from kvtier.threads import decoding
 
 if TYPE_CHECKING:
     from kvtier.eval.prefill_tape import PrefillTape
 
 
 def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chunk: int = 1024,
-                   warmup_steps: int = 1, label: str | None = None, decode_threads: int | None = None,
+                   warmup_steps: int = 1, label: str | None = None, decode_mode: str | None = None,
                    tape: PrefillTape | None = None) -> dict:
     """Prefill `ids` [B, N], place the prompt in the cache's tiers (kv.factory.place_prompt), run
     `warmup_steps` untimed steps, then `new_tokens` timed steps. Returns timings, disk bytes per step and the
     generated token ids [B, warmup + new_tokens]. With a `label`, a progress bar of forward
-    passes goes to stderr. `decode_threads` sets torch's threads for the decode steps only
-    (kvtier.threads); prefill runs on the threads set when called. With a `tape` of `ids`
+    passes goes to stderr. The decode steps run on `decode_mode`'s threads and cores
+    (kvtier.threads.decoding); prefill runs on the threads set when called. With a `tape` of `ids`
     (kvtier.eval.prefill_tape), the prompt is replayed from it instead of computed again, and
     `prefill_s` is the replay plus the last chunk's forward pass."""
     prefill_passes = tape.passes if tape is not None else -(-ids.shape[1] // prefill_chunk)
@@ -42,7 +42,7 @@ def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chu
             logits = prefill(model, cache, ids, prefill_chunk, bar.update)
         else:
             logits = tape.prefill(model, cache, bar.update)
-        with torch_threads(decode_threads or torch.get_num_threads()):
+        with decoding(decode_mode):
             place_prompt(cache)  # part of prefill, under the decode's threads (the sparse path calibrates APP)
             prefill_s = time.perf_counter() - started
             tokens = []

@@ -24,7 +24,7 @@ from kvtier.eval.decode_timing import measure_decode
 from kvtier.eval.latency_grid import Cell
 from kvtier.eval.needle_grid import needle_cell
 from kvtier.eval.record import spread
-from kvtier.threads import decode_threads, thread_settings
+from kvtier.threads import thread_settings
 from kvtier.eval.traffic import cache_bypass, sparse_details, step_traffic
 from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache, tier_bytes
 from kvtier.sparse.cache import SparseCache, make_sparse_cache
@@ -109,7 +109,7 @@ def measure_once(llm, cell: Cell, kv_config: KVConfig, ids: torch.Tensor, option
     cache = build_cache(llm.model, cell, kv_config, max_tokens, llm.model_id)
     try:
         measured = measure_decode(llm.model, cache, ids, cell.new_tokens, options.prefill_chunk, WARMUP_STEPS,
-                                  decode_threads=decode_threads(cell.mode))
+                                  decode_mode=cell.mode)
         run = {name: measured[name] for name in TIMED if name in measured}
         run["latency_s"] = measured["prefill_s"] + measured["decode_s"]
         run["tokens_per_s"] = cell.batch * cell.new_tokens / max(measured["decode_s"], 1e-9)
