@@ -1,5 +1,5 @@
 """Shared test set-up: make tests/ importable (tiny_models) under pytest's importlib mode, and keep
-the APP calibrations that tests make out of the user's kvtier cache."""
+the APP calibrations and document KV store entries that tests make out of the user's kvtier cache."""
 
 import sys
 from pathlib import Path
@@ -18,3 +18,11 @@ def calibration_outside_the_user_cache(monkeypatch, tmp_path_factory):
     from kvtier.sparse import planner
 
     monkeypatch.setattr(planner, "cache_dir", tmp_path_factory.getbasetemp)
+
+
+@pytest.fixture(autouse=True)
+def document_store_outside_the_user_cache(monkeypatch, tmp_path_factory):
+    """`kvtier generate` stores prompts by default: in tests, under this session's temp directory."""
+    from kvtier.store import store
+
+    monkeypatch.setattr(store, "default_store_dir", lambda: tmp_path_factory.getbasetemp() / "kv-store")

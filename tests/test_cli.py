@@ -22,6 +22,10 @@ def test_light_commands_do_not_import_torch_or_transformers(args):
     assert _imports_after(args) == set()
 
 
+def test_store_list_does_not_import_torch_or_transformers(tmp_path):
+    assert _imports_after(["store", "list", "--kv-store", str(tmp_path / "store")]) == set()
+
+
 def test_a_named_command_builds_only_its_own_parser():
     parser = build_parser(["bench", "report", "--out", "x"])
     commands = parser._subparsers._group_actions[0].choices

@@ -10,6 +10,9 @@ from tqdm import tqdm
 
 from kvtier.errors import ContextTooLongError
 from kvtier.kv.factory import KVConfig, close_cache, disk_bytes, make_cache, place_prompt, tier_bytes
+from kvtier.store.entry import CorruptEntry, EntryWriter
+from kvtier.store.reuse import PromptReuse
+from kvtier.store.store import DocumentStore
 from kvtier.threads import decoding
 
 
@@ -28,6 +31,9 @@ class GenerationResult:
     disk_bytes_read: int
     disk_bytes_written: int
     kv_bytes: dict[str, int] = field(default_factory=dict)  # device / host / storage at the end
+    reused_prompt_tokens: int = 0  # loaded from the document KV store instead of prefilled
+    kv_store_bytes_read: int = 0
+    ttft_s: float = 0.0  # from the request (model loaded) to the first new token, store lookup included
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -80,28 +86,34 @@ def generate(
     on_text: Callable[[str], None] | None = None,
     progress: bool = True,
     input_ids: torch.Tensor | None = None,
+    kv_store: DocumentStore | None = None,
 ) -> GenerationResult:
     """Greedy-decode up to `max_new_tokens` tokens after `prompt` (or after explicit `input_ids`).
 
-    `on_text` receives each new piece of decoded text as it is produced.
+    `on_text` receives each new piece of decoded text as it is produced. With a `kv_store`, the
+    prompt's longest stored prefix is loaded instead of computed, and a new document is stored
+    (kvtier.store.reuse).
     """
     kv_config = (kv_config or KVConfig()).validated()
     ids = prompt_ids(llm, prompt) if input_ids is None else input_ids
     check_context(llm, ids.shape[1], max_new_tokens)
     model, eos = llm.model, _eos_ids(llm)
+    requested = time.perf_counter()
+    reuse = PromptReuse.plan(kv_store, llm, ids, prompt) if kv_store is not None else None
     with torch.inference_mode():
-        cache = make_cache(model, kv_config, ids.shape[1] + max_new_tokens, ids.shape[0], llm.model_id)
+        prompt_in = _PromptIn(llm, kv_config, ids, ids.shape[1] + max_new_tokens, prefill_chunk, progress)
+        cache, logits, started = prompt_in.into_cache(reuse)
         try:
-            started = time.perf_counter()
-            logits = _prefill(model, ids.to(model.device), cache, prefill_chunk, progress)
             with decoding(kv_config.kv):  # sparse: a core for the scorer process
                 place_prompt(cache)  # under the decode's threads: the sparse path calibrates APP there
                 prefilled = time.perf_counter()
-                new_ids = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text)
+                new_ids, first_token_at = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text)
             finished = time.perf_counter()
             kv_bytes = tier_bytes(cache, model)
             read, written = disk_bytes(cache)
         finally:
+            if reuse is not None:
+                reuse.publish(prompt_in.writer)
             close_cache(cache)
     passes = max(len(new_ids) - 1, 1)
     return GenerationResult(
@@ -116,16 +128,60 @@ def generate(
         disk_bytes_read=read,
         disk_bytes_written=written,
         kv_bytes=kv_bytes,
+        reused_prompt_tokens=prompt_in.reused,
+        kv_store_bytes_read=reuse.bytes_read if reuse is not None else 0,
+        ttft_s=first_token_at - requested,
     )
 
 
-def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer, on_text) -> list[int]:
-    """Greedy loop; stops at an end-of-sequence token (kept in the ids, as transformers does)."""
+@dataclass
+class _PromptIn:
+    """Puts one prompt into a fresh cache: the stored prefix loaded, the rest prefilled (and recorded)."""
+
+    llm: object
+    kv_config: KVConfig
+    ids: torch.Tensor
+    max_tokens: int
+    chunk: int
+    progress: bool
+    reused: int = 0
+    writer: EntryWriter | None = None
+
+    def into_cache(self, reuse: PromptReuse | None) -> tuple[object, torch.Tensor, float]:
+        """(cache, last logits, when the prefill started). A damaged stored prefix is recomputed once from scratch
+        (`--on-corrupt recompute`) or raised (`fail`)."""
+        model = self.llm.model
+        cache = make_cache(model, self.kv_config, self.max_tokens, self.ids.shape[0], self.llm.model_id)
+        started = time.perf_counter()
+        try:
+            if reuse is None:
+                return cache, _prefill(model, self.ids.to(model.device), cache, self.chunk, self.progress), started
+            with reuse.recording(cache) as writer:
+                self.reused = reuse.replay(cache)
+                logits = _prefill(model, self.ids[:, self.reused :].to(model.device), cache, self.chunk, self.progress)
+            self.writer = writer
+            return cache, logits, started
+        except CorruptEntry:
+            close_cache(cache)
+            if reuse.store.on_corrupt == "fail":
+                raise
+            reuse.forget_match()
+            return self.into_cache(reuse)
+        except BaseException:
+            close_cache(cache)
+            raise
+
+
+def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer, on_text) -> tuple[list[int], float]:
+    """Greedy loop; stops at an end-of-sequence token (kept in the ids, as transformers does). Returns the ids and
+    when the first one was known."""
     new_ids: list[int] = []
     shown = ""
+    first_token_at = 0.0
     for _ in range(max_new_tokens):
         token = int(logits.argmax(dim=-1)[0])
         new_ids.append(token)
+        first_token_at = first_token_at or time.perf_counter()
         if on_text is not None:
             text = tokenizer.decode(new_ids, skip_special_tokens=True)
             if text.startswith(shown) and len(text) > len(shown):
@@ -135,4 +191,4 @@ def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer,
             break
         step = torch.tensor([[token]], device=model.device)
         logits = model(input_ids=step, cache=cache, use_cache=True).logits[:, -1, :]
-    return new_ids
+    return new_ids, first_token_at

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from kvtier.commands.kv_options import add_dtype_option, add_kv_options, add_model_option, kv_config_from
+from kvtier.commands.store_options import add_store_options, store_from
 from kvtier.errors import ConfigError
 from kvtier.generation import GenerationResult, generate
 from kvtier.models.loader import load_model
@@ -24,6 +25,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--prefill-chunk", type=int, default=1024, help="prompt tokens per prefill forward pass")
     parser.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
     add_kv_options(parser)
+    add_store_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -45,6 +47,8 @@ def summary_line(result: GenerationResult) -> str:
         f"[{result.kv_mode}] prefill {result.prefill_tokens} tok in {result.prefill_s:.1f}s | "
         f"decode {result.decode_tokens} tok, {result.ms_per_token:.1f} ms/tok | "
         f"disk read {format_size(result.disk_bytes_read)}, written {format_size(result.disk_bytes_written)} | KV {tiers}"
+        f" | first token {result.ttft_s:.2f}s" + (f", {result.reused_prompt_tokens} prompt tok from the KV store"
+                                                  if result.reused_prompt_tokens else "")
     )
 
 
@@ -58,8 +62,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     prompt = read_prompt(args)
     kv_config = kv_config_from(args)
+    store = store_from(args)
     llm = load_model(args.model, dtype=args.dtype)
-    result = generate(llm, prompt, args.max_new_tokens, kv_config, args.prefill_chunk, on_text=stream_to_stdout)
+    result = generate(llm, prompt, args.max_new_tokens, kv_config, args.prefill_chunk, on_text=stream_to_stdout,
+                      kv_store=store)
     print()
     print(summary_line(result), file=sys.stderr)
     if args.json:

@@ -49,3 +49,4 @@ def kv_config_from(args: argparse.Namespace) -> KVConfig:
         sink=args.sink,
         recent=args.recent,
     ).validated()
+

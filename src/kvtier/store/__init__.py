@@ -1,0 +1,20 @@
+"""The document KV store: a prompt's prefill KV kept on flash, reused by later prompts that start with it.
+
+Chat with a long document asks one document many questions; each question's
+prompt starts with the same tokens, whose K/V are the same (attention is
+causal). After a prefill, the prompt's whole blocks of `BLOCK_TOKENS` tokens are
+published as one entry; a later run, in any process, whose prompt starts with
+a stored prefix reads those blocks back (O_DIRECT, every record's crc32c
+verified), feeds them to its cache as a prefill would, and runs only the rest
+of the prompt through the model. Every KV mode prefills densely, so one entry
+serves dense, offload and sparse alike.
+
+    keys.py     what an entry is keyed on: the bytes' identity, the tokens chained per block
+    entry.py    one entry on disk: kv.bin (block-major, 4 KiB-aligned records) + meta.json; write, publish, read
+    store.py    DocumentStore: longest-prefix lookup, publish, LRU bound, list / remove / clear, stale temporaries
+    reuse.py    one prompt's use of the store: what to load, what to record, when to publish
+"""
+
+from kvtier.store.store import DocumentStore, default_store_dir
+
+__all__ = ["DocumentStore", "default_store_dir"]

@@ -1,0 +1,51 @@
+"""Real-model claim: a question asked of a stored 4K-token document answers token for token as a cold run,
+in every KV mode (smollm2-135m)."""
+
+import pytest
+
+import kvtier
+from kvtier.data.corpus import generate_text
+from kvtier.generation import generate
+from kvtier.kv.factory import KVConfig
+from kvtier.store import DocumentStore
+
+pytestmark = pytest.mark.model
+NEW_TOKENS = 12
+QUESTION = "\n\nName one place mentioned in the text."
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return kvtier.load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def document(smollm2):
+    text = generate_text(20_000, seed=5)
+    assert kvtier.prompt_ids(smollm2, text).shape[1] >= 4000
+    return text
+
+
+@pytest.fixture(scope="module")
+def store(smollm2, document, tmp_path_factory):
+    """The document stored by a first question."""
+    store = DocumentStore(tmp_path_factory.mktemp("store"))
+    first = generate(smollm2, document + "\n\nWhat is the text about?", NEW_TOKENS, progress=False, kv_store=store)
+    assert first.reused_prompt_tokens == 0 and len(store.entries()) == 1
+    return store
+
+
+@pytest.fixture(scope="module")
+def cold_dense(smollm2, document):
+    return generate(smollm2, document + QUESTION, NEW_TOKENS, progress=False)
+
+
+@pytest.mark.parametrize("mode", ["dense", "offload", "sparse"])
+def test_a_second_question_equals_a_cold_run(smollm2, document, store, cold_dense, tmp_path, mode):
+    config = KVConfig(kv=mode) if mode == "dense" else KVConfig(
+        kv=mode, device_kv_budget="8MiB", host_kv_budget="48MiB", storage_dir=str(tmp_path))
+    # offload is exact (tests/test_generation.py): its cold run is the dense one; sparse selects, so it gets its own
+    cold = generate(smollm2, document + QUESTION, NEW_TOKENS, config, progress=False) if mode == "sparse" else cold_dense
+    warm = generate(smollm2, document + QUESTION, NEW_TOKENS, config, progress=False, kv_store=store)
+    assert warm.reused_prompt_tokens >= cold.prefill_tokens - 256 - 16
+    assert warm.token_ids == cold.token_ids
