@@ -4,11 +4,16 @@ import torch
 
 from kvtier.store.meta import EntryMeta
 
-LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 16, 32
+LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 32, 64  # a record: 64 tokens x 32 x 2-4 bytes, whole 4 KiB pages
 
 
-def new_meta(dtype: str = "float32") -> EntryMeta:
-    return EntryMeta({"model_id": "tiny"}, "digest", "document", BLOCK, [], [[0, 0]] * LAYERS, dtype, [], "head", 0.0)
+def block_names(name: str, blocks: int) -> list[str]:
+    return [f"{name}{block:04d}" + "0" * 16 for block in range(blocks)]
+
+
+def new_meta(blocks: list[str], dtype: str = "float32") -> EntryMeta:
+    return EntryMeta({"model_id": "tiny"}, "digest", "document", BLOCK, blocks, [[HEADS, HEAD_DIM]] * LAYERS, dtype,
+                     [], "head", 0.0)
 
 
 def prefill_updates(tokens: int, chunk: int, dtype=torch.float32, seed: int = 0):

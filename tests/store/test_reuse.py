@@ -69,14 +69,10 @@ def test_every_kv_mode_uses_the_stored_prefix(tiny_llm, document, store, tmp_pat
 
 def test_a_full_disk_while_storing_warns_and_answers(tiny_llm, document, store, monkeypatch, caplog):
     cold = generate(tiny_llm, f"{document} What is it about ?", NEW_TOKENS, progress=False)
-    real_write = __import__("os").write
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    def full(fd, data):
-        if fd > 2 and len(data) >= 4096:  # the store's records, not the terminal
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)
-
-    monkeypatch.setattr("kvtier.store.entry.os.write", full)
+    monkeypatch.setattr("kvtier.store.entry.os.pwrite", full)  # the records' writes
     with caplog.at_level(logging.WARNING):
         answer = ask(tiny_llm, document, store)
     assert answer.token_ids == cold.token_ids and store.entries() == []
@@ -112,3 +108,14 @@ def _damage(entry, how: str) -> None:
         byte = file.read(1)
         file.seek(-1, 1)
         file.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_a_read_only_store_warns_and_answers(tiny_llm, document, store, monkeypatch, caplog):
+    def read_only(directory, meta):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr("kvtier.store.reuse.EntryWriter", read_only)
+    with caplog.at_level(logging.WARNING):
+        answer = ask(tiny_llm, document, store)
+    assert answer.decode_tokens > 0 and store.entries() == []
+    assert "cannot write to the KV store" in caplog.text and "Read-only file system" in caplog.text

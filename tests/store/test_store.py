@@ -14,23 +14,22 @@ from kvtier.store import entry as entry_module
 from kvtier.store import meta as meta_module
 from kvtier.store import store as store_module
 from kvtier.store.entry import EntryWriter, read_layers
-from store_entries import BLOCK, new_meta, prefill_updates
+from store_entries import BLOCK, block_names, new_meta, prefill_updates
 
 
 def publish(store: DocumentStore, keys: list[str], tokens: int, seed: int = 0, digest: str = "digest",
             document: str = "document", nbytes: int = 0):
     """An entry of `tokens` tokens of random K/V under `keys` (room made for `nbytes`); its id and the K/V written."""
     updates, whole = prefill_updates(tokens, 50, seed=seed)
-    meta = new_meta()
+    meta = new_meta(keys)
     meta.identity_digest, meta.document = digest, document
     writer = EntryWriter(store.room_for(nbytes), meta)
     for layer, keys_, values in updates:
         writer.add(layer, keys_, values)
-    return store.publish(writer, keys), whole
+    return store.publish(writer), whole
 
 
-def keys_for(name: str, blocks: int) -> list[str]:
-    return [f"{name}{block:04d}" + "0" * 16 for block in range(blocks)]
+keys_for = block_names
 
 
 def test_the_longest_stored_prefix_wins_and_the_limit_holds(store):
@@ -77,6 +76,22 @@ def test_two_publishers_of_one_prefix_leave_one_intact_entry(store):
     _assert_reads_back(store, whole)
 
 
+def test_two_processes_read_one_entry_at_once(store):
+    torch.set_num_threads(1)  # the forked readers must not need the parent's thread pool
+    _, whole = publish(store, keys_for("a", 3), 3 * BLOCK)
+    readers = []
+    for _ in range(2):
+        child = os.fork()
+        if child == 0:
+            try:
+                _assert_reads_back(store, whole)
+            except BaseException:
+                os._exit(1)
+            os._exit(0)
+        readers.append(child)
+    assert [os.waitpid(child, 0)[1] for child in readers] == [0, 0]
+
+
 def test_remove_and_clear(store):
     first, _ = publish(store, keys_for("a", 1), BLOCK)
     publish(store, keys_for("b", 1), BLOCK)
@@ -89,7 +104,7 @@ def test_remove_and_clear(store):
 class _KilledAt:
     """`os` for the store's modules in a forked writer: SIGKILL itself at the n-th file-changing call."""
 
-    CALLS = ("write", "fsync", "rename", "open", "close")
+    CALLS = ("write", "pwrite", "fsync", "rename", "open", "close")
 
     def __init__(self, point: int) -> None:
         self.point, self.calls = point, 0
@@ -111,7 +126,7 @@ class _KilledAt:
 def test_a_writer_killed_at_any_point_leaves_a_whole_entry_or_none(tmp_path):
     torch.set_num_threads(1)  # the forked writer must not need the parent's thread pool
     visible = []
-    for point in range(1, 28):  # every open, write, fsync, close and rename of publishing 3 blocks (26), and past them
+    for point in range(1, 40):  # every open, write, fsync, close and rename of publishing 3 blocks (38), and past them
         root = tmp_path / f"store-{point}"
         DocumentStore(root)
         child = os.fork()

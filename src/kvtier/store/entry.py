@@ -1,10 +1,12 @@
-"""One stored prefix's K/V records on disk (`kv.bin`): written as a prefill produces them, read back verified.
+"""One stored prefix's K/V on disk (`kv.bin`): written as a prefill produces it, read back verified and in place.
 
-kv.bin is block-major: block 0's records of layer 0 (K, then V), of layer 1, ...,
-then block 1's. A record is one layer's K or V for `block_tokens` tokens,
-[heads, tokens, head_dim] in the model's dtype, padded to 4 KiB so that O_DIRECT
-reads start and end on pages. So a prefix of m blocks is the file's first
-m * block_span bytes, and one layer's part of it is m runs of two records.
+kv.bin is one run per (layer, K | V, head) holding that head's [tokens, head_dim]
+for every stored block in order, in the model's dtype. A record, one head's K or
+V of one block, is a whole number of 4 KiB pages (meta.check_layout), so the
+first m blocks of a layer are 2 x heads runs that O_DIRECT reads straight into a
+[2, heads, m x block_tokens, head_dim] tensor: nothing is permuted or copied
+between the disk and the cache. The file's size is known from the start (the
+prompt's whole blocks), so blocks are written where they belong as they complete.
 
 Its meta.json (meta.py) holds every record's crc32c. An entry is written into a
 temporary directory and renamed into place only once both files and the
@@ -18,20 +20,24 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from kvtier.storage import PAGE, IOEngine, aligned_buffer, checksum, open_direct, round_up
+from kvtier.storage import IOEngine, aligned_buffer, checksum, open_direct
 from kvtier.store.meta import KV, META, CorruptEntry, EntryMeta, fsync_directory
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class EntryWriter:
-    """Builds one entry in `directory` from a prefill's K/V updates; whole blocks are written as they complete."""
+    """Builds one entry in `directory` from a prefill's K/V updates; whole blocks are written as they complete.
+
+    `meta` comes with every block key and layer shape of the prompt; its checksums fill in as blocks are written.
+    """
 
     def __init__(self, directory: Path, meta: EntryMeta) -> None:
+        meta.check_layout()
         self.directory, self.meta = directory, meta
+        meta.crc32c = [0] * (len(meta.blocks) * sum(2 * heads for heads, _ in meta.layers))
         directory.mkdir()
         self._fd = os.open(directory / KV, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._pending: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in meta.layers]
@@ -43,30 +49,34 @@ class EntryWriter:
         return self._written
 
     def add(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """One layer's K/V [1, heads, n, head_dim] for the next n prompt tokens."""
-        if self.failure is not None:
+        """One layer's K/V [1, heads, n, head_dim] for the next n prompt tokens (past the last block: ignored)."""
+        if self.failure is not None or self._written == len(self.meta.blocks):
+            return
+        if [keys.shape[1], keys.shape[3]] != self.meta.layers[layer]:  # not the shape the file was laid out for
+            self.failure = OSError(0, f"layer {layer} K/V of shape {tuple(keys.shape)}, {self.meta.layers[layer]} expected")
             return
         self._pending[layer].append((keys[0].detach().cpu(), values[0].detach().cpu()))
         try:
-            while min(_pending_tokens(pending) for pending in self._pending) >= self.meta.block_tokens:
+            while self._written < len(self.meta.blocks) and min(map(_pending_tokens, self._pending)) >= self.meta.block_tokens:
                 self._write_block()
         except OSError as error:
             self.failure = error
             self._pending = [[] for _ in self.meta.layers]
 
     def _write_block(self) -> None:
+        meta, block = self.meta, self._written
         for layer, pending in enumerate(self._pending):
-            keys, values = _take_tokens(pending, self.meta.block_tokens)
-            self.meta.layers[layer] = [keys.shape[0], keys.shape[2]]
-            for record in (keys, values):
-                data = record.contiguous().view(torch.uint8).numpy().tobytes()
-                self.meta.crc32c.append(checksum(data))
-                os.write(self._fd, data + bytes(round_up(len(data), PAGE) - len(data)))
+            for kind, record in enumerate(_take_tokens(pending, meta.block_tokens)):
+                for head in range(record.shape[0]):
+                    data = record[head].contiguous().view(torch.uint8).numpy()
+                    meta.crc32c[meta.record_index(layer, kind, head, block)] = checksum(data)
+                    os.pwrite(self._fd, data, meta.region_offset(layer, kind, head) + block * meta.record_bytes(layer))
         self._written += 1
 
-    def finish(self, block_keys: list[str]) -> None:
-        """Write meta.json for the blocks written (their keys are the first of `block_keys`) and fsync it all."""
-        self.meta.blocks = block_keys[: self._written]
+    def finish(self) -> None:
+        """Write meta.json and fsync it all; only an entry with every block written may be finished."""
+        if self._written != len(self.meta.blocks):
+            raise OSError(0, f"only {self._written} of {len(self.meta.blocks)} blocks were written")
         self.meta.created = time.time()
         os.fsync(self._fd)
         os.close(self._fd)
@@ -91,9 +101,9 @@ def read_layers(directory: Path, meta: EntryMeta, blocks: int, io: IOEngine) -> 
     (O_DIRECT where the filesystem allows it)."""
     fd, _ = open_direct(directory / KV, os.O_RDONLY)
     try:
-        if os.fstat(fd).st_size < blocks * meta.block_span:
-            raise CorruptEntry(f"{directory / KV}: truncated ({os.fstat(fd).st_size} bytes, "
-                               f"{blocks * meta.block_span} needed)")
+        size = os.fstat(fd).st_size
+        if size != meta.nbytes:
+            raise CorruptEntry(f"{directory / KV}: truncated ({size} bytes of {meta.nbytes})")
         for layer in range(len(meta.layers)):
             yield (layer, *_read_layer(fd, directory, meta, blocks, layer, io))
     finally:
@@ -102,21 +112,19 @@ def read_layers(directory: Path, meta: EntryMeta, blocks: int, io: IOEngine) -> 
 
 def _read_layer(fd: int, directory: Path, meta: EntryMeta, blocks: int, layer: int,
                 io: IOEngine) -> tuple[torch.Tensor, torch.Tensor]:
-    span, size = meta.record_span(layer), meta.record_bytes(layer)
-    buffer = aligned_buffer(blocks * 2 * span)
-    io.read_runs(fd, [(meta.layer_offset(block, layer), [memoryview(buffer[2 * block * span : 2 * (block + 1) * span])])
-                      for block in range(blocks)])
-    records = buffer.reshape(blocks, 2, span)[:, :, :size]
-    layers = len(meta.layers)
-    for block in range(blocks):
-        for kind in (0, 1):
-            if checksum(np.ascontiguousarray(records[block, kind])) != meta.crc32c[(block * layers + layer) * 2 + kind]:
-                raise CorruptEntry(f"{directory / KV}: block {block} layer {layer} {'KV'[kind]} fails its checksum")
     heads, head_dim = meta.layers[layer]
-    tokens = torch.from_numpy(records).view(DTYPES[meta.dtype]).reshape(blocks, 2, heads, meta.block_tokens, head_dim)
-    keys, values = (tokens[:, kind].permute(1, 0, 2, 3).reshape(1, heads, blocks * meta.block_tokens, head_dim)
-                    for kind in (0, 1))
-    return keys, values
+    record = meta.record_bytes(layer)
+    buffer = aligned_buffer(2 * heads * blocks * record).reshape(2, heads, blocks, record)
+    io.read_runs(fd, [(meta.region_offset(layer, kind, head), [memoryview(buffer[kind, head].reshape(-1))])
+                      for kind in (0, 1) for head in range(heads)])
+    for kind in (0, 1):
+        for head in range(heads):
+            for block in range(blocks):
+                if checksum(buffer[kind, head, block]) != meta.crc32c[meta.record_index(layer, kind, head, block)]:
+                    raise CorruptEntry(f"{directory / KV}: block {block} layer {layer} {'KV'[kind]} head {head} "
+                                       "fails its checksum")
+    tokens = torch.from_numpy(buffer).view(DTYPES[meta.dtype]).reshape(2, 1, heads, blocks * meta.block_tokens, head_dim)
+    return tokens[0], tokens[1]
 
 
 def _pending_tokens(pending: list[tuple[torch.Tensor, torch.Tensor]]) -> int:

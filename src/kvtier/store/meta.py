@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvtier.errors import StorageError
-from kvtier.storage import PAGE, checksum, round_up
+from kvtier.storage import PAGE, checksum
 
 META, KV = "meta.json", "kv.bin"
 ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -24,7 +24,7 @@ class CorruptEntry(StorageError):
 
 @dataclass
 class EntryMeta:
-    """What meta.json says about an entry."""
+    """What meta.json says about an entry (entry.py has the layout these offsets describe)."""
 
     identity: dict
     identity_digest: str
@@ -33,7 +33,7 @@ class EntryMeta:
     blocks: list[str]  # chained block keys, one per stored block
     layers: list[list[int]]  # [heads, head_dim] per layer
     dtype: str
-    crc32c: list[int]  # per record, in file order
+    crc32c: list[int]  # per record (record_index)
     head: str  # the document's first characters, for `kvtier store list`
     created: float
 
@@ -42,23 +42,33 @@ class EntryMeta:
         return len(self.blocks) * self.block_tokens
 
     def record_bytes(self, layer: int) -> int:
-        heads, head_dim = self.layers[layer]
-        return self.block_tokens * heads * head_dim * ITEM_BYTES[self.dtype]
+        """One head's K (or V) of one block: a whole number of pages (`check_layout`)."""
+        return self.block_tokens * self.layers[layer][1] * ITEM_BYTES[self.dtype]
 
-    def record_span(self, layer: int) -> int:
-        return round_up(self.record_bytes(layer), PAGE)
+    def region_offset(self, layer: int, kind: int, head: int) -> int:
+        """File offset of the run holding (layer, K=0 | V=1, head) for every block, block 0 first."""
+        earlier = sum(2 * heads * self.record_bytes(index) for index, (heads, _) in enumerate(self.layers[:layer]))
+        return len(self.blocks) * (earlier + (kind * self.layers[layer][0] + head) * self.record_bytes(layer))
+
+    def record_index(self, layer: int, kind: int, head: int, block: int) -> int:
+        earlier = sum(2 * heads for heads, _ in self.layers[:layer])
+        return (earlier + kind * self.layers[layer][0] + head) * len(self.blocks) + block
 
     @property
     def block_span(self) -> int:
-        return sum(2 * self.record_span(layer) for layer in range(len(self.layers)))
-
-    def layer_offset(self, block: int, layer: int) -> int:
-        """File offset of `layer`'s K record in `block` (its V record follows)."""
-        return block * self.block_span + sum(2 * self.record_span(earlier) for earlier in range(layer))
+        """Bytes of one block over every layer, K and V."""
+        return sum(2 * heads * self.record_bytes(index) for index, (heads, _) in enumerate(self.layers))
 
     @property
     def nbytes(self) -> int:
         return len(self.blocks) * self.block_span
+
+    def check_layout(self) -> None:
+        """Records must be whole pages, so that O_DIRECT reads land in place; true for head_dim >= 8 at 2 bytes."""
+        for layer in range(len(self.layers)):
+            if self.record_bytes(layer) % PAGE:
+                raise StorageError(f"KV store: {self.block_tokens} tokens x head_dim {self.layers[layer][1]} x "
+                                   f"{self.dtype} is not a whole number of 4 KiB pages")
 
     def to_bytes(self) -> bytes:
         body = json.dumps(asdict(self), sort_keys=True)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvtier.storage import PAGE, IOEngine, round_up
+from kvtier.errors import StorageError
+from kvtier.storage import IOEngine
 from kvtier.store.entry import CorruptEntry, EntryMeta, EntryWriter, read_layers
 from kvtier.store.keys import block_keys, document_key, identity_of
 from kvtier.store.store import DocumentStore, Match
@@ -38,7 +39,6 @@ class PromptReuse:
     keys: list[str]
     match: Match | None
     device: torch.device  # the model's: where the cache wants its K/V
-    block_bytes: int  # one stored block, all layers, K and V
     bytes_read: int = 0  # from the store, by `replay`
 
     @classmethod
@@ -48,12 +48,12 @@ class PromptReuse:
         tokens = ids[0].tolist()
         keys = block_keys(identity.digest(), tokens, identity.block_tokens)
         config = llm.model.config.get_text_config(decoder=True)
-        meta = EntryMeta(vars(identity), identity.digest(), document_key(tokens), identity.block_tokens, [],
-                         [[0, 0]] * config.num_hidden_layers, identity.dtype, [],
+        meta = EntryMeta(vars(identity), identity.digest(), document_key(tokens), identity.block_tokens, keys,
+                         [[config.num_key_value_heads, _head_dim(config)]] * config.num_hidden_layers, identity.dtype, [],
                          " ".join(text[: 4 * HEAD_CHARS].split())[:HEAD_CHARS], 0.0)
         usable = (len(tokens) - 1) // identity.block_tokens  # leave a token for the model's logits
         match = store.longest_prefix(meta.identity_digest, keys, meta.document, usable)
-        return cls(store, meta, keys, match, llm.model.device, _block_bytes(config, llm.dtype, identity.block_tokens))
+        return cls(store, meta, keys, match, llm.model.device)
 
     @property
     def publishes(self) -> bool:
@@ -106,14 +106,16 @@ class PromptReuse:
             del cache.update  # the instance attribute only: no reference cycle outlives the prefill
 
     def _writer(self) -> EntryWriter | None:
-        directory = self.store.room_for(len(self.keys) * self.block_bytes)
+        directory = self.store.room_for(self.meta.nbytes)
         if directory is None:
             return None
         try:
             return EntryWriter(directory, self.meta)
         except OSError as error:
             self.store.cannot_write(error, directory)
-            return None
+        except StorageError as error:  # a layout the store cannot hold
+            log.warning("%s; the prompt is not stored", error)
+        return None
 
     def publish(self, writer: EntryWriter | None) -> str | None:
         if writer is None:
@@ -121,10 +123,8 @@ class PromptReuse:
         if writer.failure is not None or writer.blocks_written == 0:
             self.store.discard(writer, writer.failure)
             return None
-        return self.store.publish(writer, self.keys)
+        return self.store.publish(writer)
 
 
-def _block_bytes(config, dtype: torch.dtype, block_tokens: int) -> int:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    record = block_tokens * config.num_key_value_heads * head_dim * dtype.itemsize
-    return 2 * config.num_hidden_layers * round_up(record, PAGE)
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

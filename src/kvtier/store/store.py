@@ -137,10 +137,10 @@ class DocumentStore:
         else:
             shutil.rmtree(writer.directory, ignore_errors=True)
 
-    def publish(self, writer: EntryWriter, block_keys: list[str]) -> str | None:
+    def publish(self, writer: EntryWriter) -> str | None:
         """Complete the entry and make it visible under its id; None if it could not be (the reason is logged)."""
         try:
-            writer.finish(block_keys)
+            writer.finish()
             entry_id = writer.meta.blocks[-1][:20]
             try:
                 os.rename(writer.directory, self.root / entry_id)
