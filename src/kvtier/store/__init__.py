@@ -10,7 +10,8 @@ of the prompt through the model. Every KV mode prefills densely, so one entry
 serves dense, offload and sparse alike.
 
     keys.py     what an entry is keyed on: the bytes' identity, the tokens chained per block
-    entry.py    one entry on disk: kv.bin (block-major, 4 KiB-aligned records) + meta.json; write, publish, read
+    meta.py     an entry's meta.json: identity, block keys, layer shapes, record checksums
+    entry.py    an entry's kv.bin: one run per (layer, K|V, head), written in place, read straight into tensors
     store.py    DocumentStore: longest-prefix lookup, publish, LRU bound, list / remove / clear, stale temporaries
     reuse.py    one prompt's use of the store: what to load, what to record, when to publish
 """
