@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,11 +15,11 @@ QWEN25_BLOCK = 2 * 24 * 2 * 64 * 2 * 16  # qwen2.5-0.5b: 196,608 bytes
 
 def vllm_api() -> Any:
     """The vLLM offloading modules the tests use, as one namespace."""
-    from vllm.v1.kv_offload import base, config
+    from vllm.v1.kv_offload import base
     from vllm.v1.kv_offload.tiering import base as tiering
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-    return type("VllmApi", (), {"base": base, "config": config, "tiering": tiering, "Spec": TieringOffloadingSpec})
+    return type("VllmApi", (), {"base": base, "tiering": tiering, "Spec": TieringOffloadingSpec})
 
 
 def key(vllm: Any, number: int, group: int = 0) -> bytes:
@@ -51,30 +49,6 @@ def wait_for_jobs(tier: Any, job_ids: set[int], timeout: float = 30.0) -> dict[i
             results[result.job_id] = result
         time.sleep(0.001)
     return results
-
-
-def offloading_config(vllm: Any, block_bytes: int, cpu_chunks: int, tiers: list[dict[str, Any]],
-                      model: str = "smollm2-135m", engine_id: str | None = None) -> Any:
-    """An OffloadingConfig as vLLM's connector builds it: one KV group, 16-token blocks, one chunk per block."""
-    config = vllm.config
-    return config.OffloadingConfig(
-        groups=(config.OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers",), group_id=0),),
-        worker_kv_bytes_per_block=block_bytes,
-        enable_kv_cache_events=False,
-        extra_config={"cpu_bytes_to_use": cpu_chunks * block_bytes, "secondary_tiers": tiers},
-        engine_id=engine_id or f"kvtier-test-{uuid.uuid4().hex[:12]}",
-        model=config.OffloadingModelConfig(name=model, dtype="bfloat16"),
-        cache=config.OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=config.OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-                                                 data_parallel_index=0, data_parallel_size=1,
-                                                 data_parallel_rank_local=None, is_parallelism_agnostic=True),
-    )
-
-
-def kvtier_tier(path: Path, capacity: int | str, **options: Any) -> dict[str, Any]:
-    """The secondary-tier entry a user writes into kv_connector_extra_config."""
-    return {"type": "KvtierFlashTier", "module_path": "kvtier.integrations.vllm.tier", "path": str(path),
-            "capacity": capacity} | options
 
 
 def primary_rows(manager: Any) -> np.ndarray:

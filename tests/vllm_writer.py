@@ -16,14 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from vllm_chunks import QWEN25_BLOCK, chunk_bytes, job, key, kvtier_tier, offloading_config, primary_rows, vllm_api, \
-    wait_for_jobs  # noqa: E402
+from kvtier.integrations.vllm.config import flash_tier_entry, tiering_manager  # noqa: E402
+from vllm_chunks import QWEN25_BLOCK, chunk_bytes, job, key, primary_rows, vllm_api, wait_for_jobs  # noqa: E402
 
 
 def main(path: str, capacity: int, first: int, count: int, engine_id: str) -> None:
     vllm = vllm_api()
-    manager = vllm.Spec(offloading_config(vllm, QWEN25_BLOCK, 16, [kvtier_tier(Path(path), capacity)],
-                                              engine_id=engine_id)).get_manager()
+    manager = tiering_manager(QWEN25_BLOCK, 16, [flash_tier_entry(path, capacity)], engine_id=engine_id)
     tier, rows = manager.secondary_tiers[0], primary_rows(manager)
     numbers = itertools.count(first)
     for job_id in range((tier.store.file.num_slots - tier.store.log.segment_slots) // len(rows)):

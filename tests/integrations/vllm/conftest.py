@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from vllm_chunks import SMOLLM2_BLOCK, offloading_config, vllm_api
+from kvtier.integrations.vllm.config import tiering_manager
+from vllm_chunks import SMOLLM2_BLOCK, vllm_api
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +30,7 @@ def make_manager(vllm: Any) -> Iterator[Callable[..., Any]]:
     managers = []
 
     def make(tiers: list[dict[str, Any]], block_bytes: int = SMOLLM2_BLOCK, cpu_chunks: int = 64, **kw: Any) -> Any:
-        manager = vllm.Spec(offloading_config(vllm, block_bytes, cpu_chunks, tiers, **kw)).get_manager()
+        manager = tiering_manager(block_bytes, cpu_chunks, tiers, **kw)
         managers.append(manager)
         return manager
 

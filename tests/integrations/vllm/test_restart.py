@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.integrations.vllm.journal import RECORD_BYTES
-from vllm_chunks import QWEN25_BLOCK, chunk_bytes, job, key, kvtier_tier, primary_rows, wait_for_jobs
+from kvtier.integrations.vllm.config import flash_tier_entry
+from vllm_chunks import QWEN25_BLOCK, chunk_bytes, job, key, primary_rows, wait_for_jobs
 
 WRITER = Path(__file__).parents[2] / "vllm_writer.py"
 CAPACITY = 256 * QWEN25_BLOCK
@@ -49,7 +50,7 @@ def test_chunks_stored_before_a_sigkill_are_found_and_load(make_manager, tmp_pat
         writer.kill()
         Path(f"/dev/shm/vllm_offload_{engine}.mmap").unlink(missing_ok=True)  # vLLM's CPU tier, left by the kill
     assert writer.returncode == -signal.SIGKILL
-    manager = make_manager([kvtier_tier(path, CAPACITY)], block_bytes=QWEN25_BLOCK, cpu_chunks=16)
+    manager = make_manager([flash_tier_entry(path, CAPACITY)], block_bytes=QWEN25_BLOCK, cpu_chunks=16)
     tier = manager.secondary_tiers[0]
     assert found(vllm, tier, range(64)) == list(range(64))
     later = found(vllm, tier, range(64, 256))  # whatever else the killed process had completed
@@ -59,7 +60,7 @@ def test_chunks_stored_before_a_sigkill_are_found_and_load(make_manager, tmp_pat
 
 def test_a_torn_journal_tail_is_dropped_and_the_rest_found(make_manager, tmp_path, vllm):
     path = tmp_path / "kv.flash"
-    first = make_manager([kvtier_tier(path, CAPACITY)], block_bytes=QWEN25_BLOCK, cpu_chunks=16)
+    first = make_manager([flash_tier_entry(path, CAPACITY)], block_bytes=QWEN25_BLOCK, cpu_chunks=16)
     tier, rows = first.secondary_tiers[0], primary_rows(first)
     for job_id in range(3):
         numbers = range(job_id * 16, job_id * 16 + 16)
@@ -72,7 +73,7 @@ def test_a_torn_journal_tail_is_dropped_and_the_rest_found(make_manager, tmp_pat
     os.truncate(journal, size - RECORD_BYTES // 2)  # the last record half written, as after a power cut
     with open(journal, "ab") as file:
         file.write(b"\xff" * 40)
-    second = make_manager([kvtier_tier(path, CAPACITY)], block_bytes=QWEN25_BLOCK, cpu_chunks=16)
+    second = make_manager([flash_tier_entry(path, CAPACITY)], block_bytes=QWEN25_BLOCK, cpu_chunks=16)
     tier = second.secondary_tiers[0]
     assert found(vllm, tier, range(48)) == list(range(47))  # the torn record's chunk is a miss
     assert tier.stats()["journal_torn_bytes_dropped"] == RECORD_BYTES // 2 + 40
@@ -82,5 +83,5 @@ def test_a_torn_journal_tail_is_dropped_and_the_rest_found(make_manager, tmp_pat
     tier.submit_store(job(vllm, 7, [key(vllm, 1000)], [0], False))
     assert wait_for_jobs(tier, {7})[7].success
     tier.shutdown()
-    third = make_manager([kvtier_tier(path, CAPACITY)], block_bytes=QWEN25_BLOCK, cpu_chunks=16)
+    third = make_manager([flash_tier_entry(path, CAPACITY)], block_bytes=QWEN25_BLOCK, cpu_chunks=16)
     assert found(vllm, third.secondary_tiers[0], [*range(48), 1000]) == [*range(47), 1000]

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from kvtier.errors import ConfigError, StorageError
+from kvtier.integrations.vllm.config import flash_tier_entry
 from kvtier.integrations.vllm.tier import KvtierFlashTier
-from vllm_chunks import (QWEN25_BLOCK, SMOLLM2_BLOCK, chunk_bytes, job, key, kvtier_tier, primary_rows,
-                         wait_for_jobs)
+from vllm_chunks import QWEN25_BLOCK, SMOLLM2_BLOCK, chunk_bytes, job, key, primary_rows, wait_for_jobs
 
 
 def store(vllm, manager, numbers, per_job=8, first_job=0):
@@ -48,7 +48,7 @@ def load(vllm, manager, numbers, job_id=10_000):
 
 
 def test_the_config_line_builds_the_tier_through_vllms_factory(make_manager, tmp_path, vllm):
-    manager = make_manager([kvtier_tier(tmp_path / "kv.flash", "32MiB")])
+    manager = make_manager([flash_tier_entry(tmp_path / "kv.flash", "32MiB")])
     tier = manager.secondary_tiers[0]
     assert isinstance(tier, KvtierFlashTier)
     assert tier.medium is vllm.base.Medium.STORAGE
@@ -58,7 +58,7 @@ def test_the_config_line_builds_the_tier_through_vllms_factory(make_manager, tmp
 
 @pytest.mark.parametrize("block_bytes", [4096, 3 * 4096 + 100, QWEN25_BLOCK, SMOLLM2_BLOCK])
 def test_store_lookup_load_round_trips_are_byte_identical(make_manager, tmp_path, vllm, block_bytes):
-    manager = make_manager([kvtier_tier(tmp_path / "kv.flash", 200 * SMOLLM2_BLOCK)], block_bytes=block_bytes,
+    manager = make_manager([flash_tier_entry(tmp_path / "kv.flash", 200 * SMOLLM2_BLOCK)], block_bytes=block_bytes,
                            cpu_chunks=48)
     numbers = list(range(100, 190))
     stored = store(vllm, manager, numbers, per_job=5)
@@ -76,7 +76,7 @@ def test_store_lookup_load_round_trips_are_byte_identical(make_manager, tmp_path
 
 def test_a_flipped_byte_fails_the_load_and_the_chunk_is_not_served(make_manager, tmp_path, vllm):
     path = tmp_path / "kv.flash"
-    manager = make_manager([kvtier_tier(path, 64 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)
+    manager = make_manager([flash_tier_entry(path, 64 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)
     store(vllm, manager, [1, 2, 3, 4])
     tier = manager.secondary_tiers[0]
     victim = tier.store.index.get(key(vllm, 3))
@@ -96,7 +96,7 @@ def test_a_flipped_byte_fails_the_load_and_the_chunk_is_not_served(make_manager,
 
 def test_vllms_tiering_manager_cascades_and_promotes_through_the_tier(make_manager, tmp_path, vllm):
     """GPU -> CPU store, cascade to the flash tier, CPU eviction, lookup -> promotion back, exact bytes."""
-    manager = make_manager([kvtier_tier(tmp_path / "kv.flash", 64 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK,
+    manager = make_manager([flash_tier_entry(tmp_path / "kv.flash", 64 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK,
                            cpu_chunks=8)
     base, rows = vllm.base, primary_rows(manager)
     step = base.ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
@@ -130,7 +130,7 @@ def test_vllms_tiering_manager_cascades_and_promotes_through_the_tier(make_manag
 
 
 def test_a_full_file_reclaims_the_oldest_segments_and_reports_their_chunks_missing(make_manager, tmp_path, vllm):
-    manager = make_manager([kvtier_tier(tmp_path / "kv.flash", 16 * QWEN25_BLOCK, segment_chunks=4)],
+    manager = make_manager([flash_tier_entry(tmp_path / "kv.flash", 16 * QWEN25_BLOCK, segment_chunks=4)],
                            block_bytes=QWEN25_BLOCK, cpu_chunks=16)
     numbers = list(range(60))
     assert all(result.success for result in store(vllm, manager, numbers, per_job=3).values())
@@ -149,7 +149,7 @@ def test_a_full_file_reclaims_the_oldest_segments_and_reports_their_chunks_missi
 
 
 def test_concurrent_submits_from_several_threads(make_manager, tmp_path, vllm):
-    manager = make_manager([kvtier_tier(tmp_path / "kv.flash", 128 * QWEN25_BLOCK, io_threads=4)],
+    manager = make_manager([flash_tier_entry(tmp_path / "kv.flash", 128 * QWEN25_BLOCK, io_threads=4)],
                            block_bytes=QWEN25_BLOCK, cpu_chunks=64)
     tier, rows = manager.secondary_tiers[0], primary_rows(manager)
     for row in range(64):
@@ -181,7 +181,7 @@ def test_concurrent_submits_from_several_threads(make_manager, tmp_path, vllm):
 
 
 def test_drain_jobs_leaves_every_result_ready(make_manager, tmp_path, vllm):
-    manager = make_manager([kvtier_tier(tmp_path / "kv.flash", 64 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)
+    manager = make_manager([flash_tier_entry(tmp_path / "kv.flash", 64 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)
     tier = manager.secondary_tiers[0]
     for job_id in range(6):
         tier.submit_store(job(vllm, job_id, [key(vllm, job_id)], [job_id], False))
@@ -193,26 +193,26 @@ def test_drain_jobs_leaves_every_result_ready(make_manager, tmp_path, vllm):
 
 def test_bad_paths_and_foreign_files_are_refused_and_left_untouched(make_manager, tmp_path, vllm):
     with pytest.raises(StorageError, match="does not exist"):
-        make_manager([kvtier_tier(tmp_path / "missing" / "kv.flash", "8MiB")])
+        make_manager([flash_tier_entry(tmp_path / "missing" / "kv.flash", "8MiB")])
     foreign = tmp_path / "notes.txt"
     foreign.write_bytes(b"precious" * 1000)
     with pytest.raises(StorageError, match="not a kvtier flash tier file"):
-        make_manager([kvtier_tier(foreign, "8MiB")])
+        make_manager([flash_tier_entry(foreign, "8MiB")])
     assert foreign.read_bytes() == b"precious" * 1000
     with pytest.raises(ConfigError, match="holds no chunk"):
-        make_manager([kvtier_tier(tmp_path / "tiny.flash", 4096)])
+        make_manager([flash_tier_entry(tmp_path / "tiny.flash", 4096)])
 
 
 def test_a_file_of_another_model_or_in_use_is_refused(make_manager, tmp_path, vllm):
     path = tmp_path / "kv.flash"
-    manager = make_manager([kvtier_tier(path, 16 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)
+    manager = make_manager([flash_tier_entry(path, 16 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)
     with pytest.raises(StorageError, match="in use by another process"):
-        make_manager([kvtier_tier(path, 16 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)
+        make_manager([flash_tier_entry(path, 16 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)
     manager.secondary_tiers[0].shutdown()
     with pytest.raises(ConfigError, match="model: 'smollm2-135m' there, 'qwen2.5-0.5b' here"):
-        make_manager([kvtier_tier(path, 16 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK, model="qwen2.5-0.5b")
+        make_manager([flash_tier_entry(path, 16 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK, model="qwen2.5-0.5b")
     with pytest.raises(ConfigError, match="chunks of 196608 bytes"):
-        make_manager([kvtier_tier(path, 16 * QWEN25_BLOCK)], block_bytes=SMOLLM2_BLOCK)
+        make_manager([flash_tier_entry(path, 16 * QWEN25_BLOCK)], block_bytes=SMOLLM2_BLOCK)
     os.truncate(path, 3 * 4096)
     with pytest.raises(StorageError, match="truncated"):
-        make_manager([kvtier_tier(path, 16 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)
+        make_manager([flash_tier_entry(path, 16 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)

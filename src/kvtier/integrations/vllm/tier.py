@@ -17,6 +17,7 @@ Enable it with (in `--kv-transfer-config`, see docs/vllm.md):
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -92,6 +93,9 @@ class KvtierFlashTier(SecondaryTierManager):
         self.drain_jobs()
         self.store.close()
         self._rows.release()
+        # Finished I/O futures sit in reference cycles (their callbacks) that still hold slices of vLLM's
+        # CPU-tier memory; collect them now, as vLLM unmaps that memory right after this returns.
+        gc.collect()
 
     def stats(self) -> dict[str, Any]:
         """The flash log's counters (appends, sequential share, overwrites, reclaimed segments, ...)."""

@@ -1,0 +1,254 @@
+"""`kvtier bench vllm-tier`: kvtier's flash tier vs vLLM's own `fs` tier, through vLLM's SecondaryTierManager.
+
+Both tiers are built by vLLM's TieringOffloadingSpec (the same CPU tier, the same config but the
+`secondary_tiers` entry), in the same directory on the same disk, and get the same chunk stream:
+jobs of `chunks_per_job` chunks (a request's worth of 16-token blocks) from the CPU tier's rows,
+at most `window` jobs in flight, completion observed by polling `get_finished_jobs` every
+POLL_S as vLLM's scheduler does. Per tier and repeat (alternating which tier goes first):
+
+- store: every chunk once; then the files' cached pages are dropped (both tiers write with
+  O_DIRECT where the filesystem allows it, recorded per tier);
+- load: every chunk once, into other CPU rows, job by job as they were stored but the jobs in a
+  shuffled order (requests return in another order); then a sample is compared byte for byte
+  with what was stored (untimed);
+- GB/s over the phase's wall time, p50/p99 of the per-job latency (submit -> seen finished),
+  files created, and the log's sequential share and logical overwrites (kvtier; vLLM's fs tier
+  writes one new file per chunk and leaves placement to the filesystem).
+
+Restart: `restart_chunks` 4 KiB chunks are stored once per tier, then a new tier is started on the
+same files `repeats` times and timed until every chunk has been looked up as a hit (kvtier: replay
+of its journal, read after its cached pages were dropped; fs: vLLM's asynchronous existence checks,
+against warm dentry caches, which a shared machine does not let us drop).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtier.eval.record import spread
+from kvtier.integrations.vllm.config import flash_tier_entry, tiering_manager
+from kvtier.storage import drop_page_cache
+
+POLL_S = 0.001
+# One 16-token bfloat16 block (K and V of every layer) of each model: 2 x layers x KV heads x head dim x 2 x 16.
+MODEL_BLOCKS = {"smollm2-135m": 2 * 30 * 3 * 64 * 2 * 16, "qwen2.5-0.5b": 2 * 24 * 2 * 64 * 2 * 16}
+RESTART_BLOCK = 4096
+TIERS = ("kvtier", "fs")
+
+
+def tier_entry(tier: str, directory: Path, capacity: int, io_threads: int) -> dict[str, Any]:
+    if tier == "kvtier":
+        return flash_tier_entry(directory / "kv.flash", capacity, io_threads=io_threads)
+    return {"type": "fs", "root_dir": str(directory / "fs"), "n_read_threads": io_threads,
+            "n_write_threads": io_threads}
+
+
+class TierRun:
+    """One tier behind a fresh vLLM TieringOffloadingManager, driven job by job."""
+
+    def __init__(self, tier: str, directory: Path, block_bytes: int, chunks: int, cpu_chunks: int, io_threads: int,
+                 model: str) -> None:
+        self.name, self.directory = tier, directory
+        self.manager = tiering_manager(block_bytes, cpu_chunks, [tier_entry(tier, directory, chunks * block_bytes,
+                                                                             io_threads)], model=model)
+        self.tier = self.manager.secondary_tiers[0]
+        self.rows = np.asarray(self.manager.primary_tier.get_kv_memoryview()).view(np.uint8)
+        from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+        from vllm.v1.kv_offload.tiering.base import TransferJob
+
+        self._job, self._context = TransferJob, ReqContext("bench")
+        self._key = lambda number: make_offload_key(number.to_bytes(8, "little") * 4, 0)
+        self._next_id = 0
+
+    def transfer(self, numbers: list[int], rows: Callable[[int], list[int]], per_job: int, window: int,
+                 promotion: bool) -> dict[str, Any]:
+        """Move chunks `numbers` in jobs of `per_job` (job j uses CPU rows rows(j)); wall time and latencies."""
+        jobs = [numbers[start : start + per_job] for start in range(0, len(numbers), per_job)]
+        submitted: dict[int, float] = {}
+        latencies, failed, started = [], 0, time.perf_counter()
+        for index, chunk_numbers in enumerate(jobs):
+            while len(submitted) >= window:
+                failed += self._poll(submitted, latencies)
+            job_id, self._next_id = self._next_id, self._next_id + 1
+            submitted[job_id] = time.perf_counter()
+            job = self._job(job_id=job_id, keys=[self._key(n) for n in chunk_numbers],
+                            chunk_ids=np.array(rows(index)[: len(chunk_numbers)], dtype=np.int32),
+                            is_promotion=promotion, req_context=self._context)
+            (self.tier.submit_load if promotion else self.tier.submit_store)(job)
+        while submitted:
+            failed += self._poll(submitted, latencies)
+        wall = time.perf_counter() - started
+        moved = len(numbers) * self.tier.block_size_bytes
+        return {"seconds": wall, "bytes": moved, "gb_per_s": moved / wall / 1e9, "jobs": len(jobs),
+                "failed_jobs": failed, "job_p50_ms": 1e3 * float(np.percentile(latencies, 50)),
+                "job_p99_ms": 1e3 * float(np.percentile(latencies, 99))}
+
+    def _poll(self, submitted: dict[int, float], latencies: list[float]) -> int:
+        time.sleep(POLL_S)
+        failed = 0
+        for result in self.tier.get_finished_jobs():
+            latencies.append(time.perf_counter() - submitted.pop(result.job_id))
+            failed += not result.success
+        return failed
+
+    def lookup_all(self, numbers: list[int]) -> int:
+        """Look every chunk up until none answers RETRY (vLLM's fs tier checks asynchronously); the hits."""
+        from vllm.v1.kv_offload.base import LookupResult, ScheduleEndContext
+
+        pending, hits = list(numbers), 0
+        while pending:
+            answers = [self.tier.lookup(self._key(n), self._context) for n in pending]
+            hits += sum(answer is LookupResult.HIT for answer in answers)
+            pending = [n for n, answer in zip(pending, answers) if answer is LookupResult.RETRY]
+            if pending:
+                self.tier.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+                time.sleep(POLL_S)
+        return hits
+
+    def files(self) -> list[Path]:
+        return [Path(root) / name for root, _, names in os.walk(self.directory) for name in names]
+
+    def direct(self) -> bool:
+        return self.tier.store.file.direct if self.name == "kvtier" else bool(self.tier._use_o_direct)
+
+    def drop_cached_pages(self) -> None:
+        for path in self.files():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                drop_page_cache(fd)
+            finally:
+                os.close(fd)
+
+    def log_stats(self) -> dict[str, Any]:
+        if self.name != "kvtier":
+            return {"sequential_share": None, "overwrites": None}
+        stats = self.tier.stats()
+        return {name: stats[name] for name in ("sequential_share", "overwrites", "appends", "reclaimed_segments")}
+
+    def close(self) -> None:
+        del self.rows
+        self.manager.shutdown()
+
+
+def throughput_run(tier: str, directory: Path, model: str, total_bytes: int, per_job: int, window: int,
+                   io_threads: int, seed: int) -> dict[str, Any]:
+    """Store then load `total_bytes` of `model`'s chunks through `tier`, in a fresh directory."""
+    block = MODEL_BLOCKS[model]
+    chunks = max(per_job, total_bytes // block)
+    run = TierRun(tier, directory, block, chunks + per_job, 2 * window * per_job, io_threads, model)
+    try:
+        source = np.random.default_rng(seed).integers(0, 256, (window * per_job, run.rows.shape[1]), dtype=np.uint8)
+        run.rows[: len(source)] = source
+        half = window * per_job
+        store_rows = lambda job: list(range((job % window) * per_job, (job % window + 1) * per_job))  # noqa: E731
+        load_rows = lambda job: [half + row for row in store_rows(job)]  # noqa: E731
+        numbers = list(range(chunks))
+        stored = run.transfer(numbers, store_rows, per_job, window, promotion=False)
+        run.drop_cached_pages()
+        jobs = [numbers[start : start + per_job] for start in range(0, chunks, per_job)]
+        random.Random(seed).shuffle(jobs)  # requests come back in another order, each for its own chunks
+        loaded = run.transfer([n for job in jobs for n in job], load_rows, per_job, window, promotion=True)
+        return {"store": stored, "load": loaded, "files_created": len(run.files()), "direct": run.direct(),
+                "verified_chunks": _verify(run, numbers, source, per_job, half)} | run.log_stats()
+    finally:
+        run.close()
+
+
+def _verify(run: TierRun, numbers: list[int], source: np.ndarray, per_job: int, first_row: int) -> int:
+    """Load a sample of chunks once more and compare them byte for byte with their source rows (untimed)."""
+    sample = numbers[:: max(1, len(numbers) // 64)][:per_job]
+    run.rows[first_row : first_row + len(sample)] = 0
+    result = run.transfer(sample, lambda _: list(range(first_row, first_row + len(sample))), per_job, 1, True)
+    if result["failed_jobs"]:
+        raise AssertionError(f"{run.name}: the verification load failed")
+    for offset, number in enumerate(sample):
+        # chunk n was stored from row (n // per_job % window) * per_job + n % per_job
+        row = (number // per_job) % (len(source) // per_job) * per_job + number % per_job
+        if not np.array_equal(run.rows[first_row + offset], source[row]):
+            raise AssertionError(f"{run.name}: chunk {number} came back different")
+    return len(sample)
+
+
+def restart_run(directory: Path, restart_chunks: int, repeats: int, io_threads: int,
+                say: Callable[[str], None]) -> dict[str, Any]:
+    """Store `restart_chunks` small chunks per tier once, then time fresh tiers finding them all."""
+    per_job, window = 64, 4
+    times: dict[str, list[float]] = {tier: [] for tier in TIERS}
+    hits: dict[str, int] = {}
+    for tier in TIERS:
+        (directory / tier).mkdir(parents=True)
+        run = TierRun(tier, directory / tier, RESTART_BLOCK, restart_chunks + per_job, 2 * window * per_job,
+                      io_threads, "restart-4k")
+        rows = lambda job: list(range((job % window) * per_job, (job % window + 1) * per_job))  # noqa: E731
+        stored = run.transfer(list(range(restart_chunks)), rows, per_job, window, promotion=False)
+        run.close()
+        say(f"[bench vllm-tier] restart: {tier} stored {restart_chunks} chunks in {stored['seconds']:.1f} s")
+    for repeat in range(repeats):
+        for tier in TIERS if repeat % 2 == 0 else TIERS[::-1]:
+            for path in (directory / tier).glob("kv.flash*"):
+                _drop(path)
+            started = time.perf_counter()
+            run = TierRun(tier, directory / tier, RESTART_BLOCK, restart_chunks + per_job, 8, io_threads,
+                          "restart-4k")
+            hits[tier] = run.lookup_all(list(range(restart_chunks)))
+            times[tier].append(time.perf_counter() - started)
+            run.close()
+    return {"chunks": restart_chunks, "chunk_bytes": RESTART_BLOCK, "hits": hits,
+            "seconds": {tier: spread(values) for tier, values in times.items()}}
+
+
+def _drop(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        drop_page_cache(fd)
+    finally:
+        os.close(fd)
+
+
+def run_vllm_tier_benchmark(directory: Path, models: list[str], total_bytes: int, per_job: int, window: int,
+                            repeats: int, io_threads: int, restart_chunks: int,
+                            say: Callable[[str], None]) -> dict[str, Any]:
+    """Every model x tier x repeat (alternating order), then the restart test; one result dict."""
+    results: dict[str, Any] = {}
+    for model in models:
+        runs: dict[str, list[dict[str, Any]]] = {tier: [] for tier in TIERS}
+        for repeat in range(repeats):
+            for tier in TIERS if repeat % 2 == 0 else TIERS[::-1]:
+                place = directory / f"{model}-{tier}-{repeat}"
+                place.mkdir(parents=True)
+                try:
+                    row = throughput_run(tier, place, model, total_bytes, per_job, window, io_threads, seed=repeat)
+                finally:
+                    shutil.rmtree(place, ignore_errors=True)
+                runs[tier].append(row)
+                say(f"[bench vllm-tier] {model} {tier} #{repeat}: store {row['store']['gb_per_s']:.2f} GB/s, "
+                    f"load {row['load']['gb_per_s']:.2f} GB/s")
+        results[model] = {"chunk_bytes": MODEL_BLOCKS[model], "tiers": {tier: _summary(rows) for tier, rows in
+                                                                         runs.items()}}
+    restart_dir = directory / "restart"
+    try:
+        restart = restart_run(restart_dir, restart_chunks, repeats, io_threads, say)
+    finally:
+        shutil.rmtree(restart_dir, ignore_errors=True)
+    return {"models": results, "restart": restart}
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians with spread of the measured numbers, the counts of the first run, and every run."""
+    measured = {f"{phase}_{name}": spread([row[phase][name] for row in rows])
+                for phase in ("store", "load") for name in ("gb_per_s", "job_p50_ms", "job_p99_ms")}
+    first = rows[0]
+    counts = {name: first[name] for name in ("files_created", "direct", "sequential_share", "overwrites")}
+    failed = sum(row[phase]["failed_jobs"] for row in rows for phase in ("store", "load"))
+    return measured | counts | {"failed_jobs": failed, "runs": rows,
+                                "verified_chunks": sum(row["verified_chunks"] for row in rows),
+                                "bytes_per_run": first["store"]["bytes"], "jobs_per_run": first["store"]["jobs"]}
+
