@@ -64,7 +64,7 @@ class FlashChunkStore:
             self.file.close()
             raise
         replayed = ChunkIndex.replay(self.journal.records, self.file.num_slots)
-        self.journal.records = []
+        self.journal.records = None  # replayed: let it go
         self.index, self._seq = replayed.index, replayed.next_seq
         self.log = FlashLog(self.file.num_slots, min(segment_chunks, self.file.num_slots))
         self.log.resume(live=self.index.slots(), written=replayed.written, head=replayed.head)

@@ -23,10 +23,12 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
+import numpy as np
 
 from kvtier.errors import ConfigError, StorageError
 
@@ -39,7 +41,10 @@ MAX_KEY = 64
 _HEADER = struct.Struct(f"<8sI16s{96 - 8 - 4 - 16 - 4}x")
 _RECORD = struct.Struct(f"<IQIIIHH{MAX_KEY}s")  # everything after the crc
 RECORD_BYTES = 4 + _RECORD.size
-assert _HEADER.size + 4 == RECORD_BYTES == 96
+RECORD_DTYPE = np.dtype([("crc", "<u4"), ("kind", "<u4"), ("seq", "<u8"), ("slot", "<u4"), ("count", "<u4"),
+                         ("data_crc", "<u4"), ("key_length", "<u2"), ("zero", "<u2"), ("key", "V64")])
+KEY_OFFSET = RECORD_DTYPE.fields["key"][1]
+assert _HEADER.size + 4 == RECORD_BYTES == RECORD_DTYPE.itemsize == 96
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ class Journal:
 
     def __init__(self, path: Path, file_id: bytes, fsync: bool = False) -> None:
         self.path, self.file_id, self.fsync = path, file_id, fsync
-        self.records: list[Record] = []  # what the journal held when opened (replayed, then released)
+        self.records = _parse(b"")  # what the journal held when opened (replayed, then released)
         self.dropped_bytes = 0  # torn or corrupt tail cut off at open
         self.count = 0  # records in the file now
         self._end = RECORD_BYTES  # where the next record goes
@@ -96,8 +101,8 @@ class Journal:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, self._header(), 0)
                 return fd
-            self.records, good = _parse(data[RECORD_BYTES:])
-            end = RECORD_BYTES + good
+            self.records = _parse(data[RECORD_BYTES:])
+            end = RECORD_BYTES * (1 + len(self.records))
             if end < len(data):
                 self.dropped_bytes = len(data) - end
                 log.warning("%s: dropped a torn or corrupt tail of %d bytes after %d good records",
@@ -150,20 +155,34 @@ class Journal:
             self._fd = -1
 
 
-def _parse(data: bytes) -> tuple[list[Record], int]:
-    """The records at the start of `data` up to the first torn or corrupt one, and their byte count."""
-    records = []
+@dataclass
+class Records:
+    """Records as read back: the fixed fields as one numpy array (RECORD_DTYPE) and the keys."""
+
+    array: np.ndarray
+    keys: list[bytes]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[Record]:
+        for fields, key in zip(self.array.tolist(), self.keys):
+            yield Record(fields[1], fields[2], fields[3], fields[4], fields[5], key)
+
+
+def _parse(data: bytes) -> Records:
+    """The records at the start of `data` up to the first torn or corrupt one (vectorized but the crcs)."""
+    count = len(data) // RECORD_BYTES
+    array = np.frombuffer(data, dtype=RECORD_DTYPE, count=count)
     view = memoryview(data)
-    for start in range(0, len(data) - RECORD_BYTES + 1, RECORD_BYTES):
-        stored = int.from_bytes(view[start : start + 4], "little")
-        body = view[start + 4 : start + RECORD_BYTES]
-        if _crc(body) != stored:
-            break
-        kind, seq, slot, count, data_crc, key_length, _, key = _RECORD.unpack(body)
-        if kind not in (PUT, RECLAIM, HEAD) or key_length > MAX_KEY:
-            break
-        records.append(Record(kind, seq, slot, count, data_crc, key[:key_length]))
-    return records, len(records) * RECORD_BYTES
+    found = np.fromiter((crc32c.crc32c(view[start + 4 : start + RECORD_BYTES])
+                         for start in range(0, count * RECORD_BYTES, RECORD_BYTES)), dtype=np.uint32, count=count)
+    bad = (found != array["crc"]) | ~np.isin(array["kind"], (PUT, RECLAIM, HEAD)) | (array["key_length"] > MAX_KEY)
+    good = int(np.argmax(bad)) if bad.any() else count
+    lengths = array["key_length"][:good].tolist()
+    keys = [data[start + KEY_OFFSET : start + KEY_OFFSET + length]
+            for start, length in zip(range(0, good * RECORD_BYTES, RECORD_BYTES), lengths)]
+    return Records(array[:good], keys)
 
 
 def _crc(data: bytes | memoryview) -> int:
