@@ -67,35 +67,44 @@ class TierRun:
         self._job, self._context = TransferJob, ReqContext("bench")
         self._key = lambda number: make_offload_key(number.to_bytes(8, "little") * 4, 0)
         self._next_id = 0
+        self.row_of: dict[int, int] = {}  # the CPU row each chunk was stored from
 
-    def transfer(self, numbers: list[int], rows: Callable[[int], list[int]], per_job: int, window: int,
+    def transfer(self, numbers: list[int], first_row: int, per_job: int, window: int,
                  promotion: bool) -> dict[str, Any]:
-        """Move chunks `numbers` in jobs of `per_job` (job j uses CPU rows rows(j)); wall time and latencies."""
+        """Move chunks `numbers` in jobs of `per_job`, at most `window` in flight, each job on its own CPU rows
+        (the `window` groups of `per_job` rows from `first_row`); wall time and per-job latencies."""
         jobs = [numbers[start : start + per_job] for start in range(0, len(numbers), per_job)]
-        submitted: dict[int, float] = {}
+        free = list(range(window))  # row groups no job in flight uses
+        submitted: dict[int, tuple[float, int]] = {}
         latencies, failed, started = [], 0, time.perf_counter()
-        for index, chunk_numbers in enumerate(jobs):
-            while len(submitted) >= window:
-                failed += self._poll(submitted, latencies)
-            job_id, self._next_id = self._next_id, self._next_id + 1
-            submitted[job_id] = time.perf_counter()
+        for chunk_numbers in jobs:
+            while not free:
+                failed += self._poll(submitted, latencies, free)
+            group, job_id = free.pop(), self._next_id
+            self._next_id += 1
+            rows = [first_row + group * per_job + offset for offset in range(len(chunk_numbers))]
+            if not promotion:
+                self.row_of.update(zip(chunk_numbers, rows))
+            submitted[job_id] = (time.perf_counter(), group)
             job = self._job(job_id=job_id, keys=[self._key(n) for n in chunk_numbers],
-                            chunk_ids=np.array(rows(index)[: len(chunk_numbers)], dtype=np.int32),
-                            is_promotion=promotion, req_context=self._context)
+                            chunk_ids=np.array(rows, dtype=np.int32), is_promotion=promotion,
+                            req_context=self._context)
             (self.tier.submit_load if promotion else self.tier.submit_store)(job)
         while submitted:
-            failed += self._poll(submitted, latencies)
+            failed += self._poll(submitted, latencies, free)
         wall = time.perf_counter() - started
         moved = len(numbers) * self.tier.block_size_bytes
         return {"seconds": wall, "bytes": moved, "gb_per_s": moved / wall / 1e9, "jobs": len(jobs),
                 "failed_jobs": failed, "job_p50_ms": 1e3 * float(np.percentile(latencies, 50)),
                 "job_p99_ms": 1e3 * float(np.percentile(latencies, 99))}
 
-    def _poll(self, submitted: dict[int, float], latencies: list[float]) -> int:
+    def _poll(self, submitted: dict[int, tuple[float, int]], latencies: list[float], free: list[int]) -> int:
         time.sleep(POLL_S)
         failed = 0
         for result in self.tier.get_finished_jobs():
-            latencies.append(time.perf_counter() - submitted.pop(result.job_id))
+            started, group = submitted.pop(result.job_id)
+            latencies.append(time.perf_counter() - started)
+            free.append(group)
             failed += not result.success
         return failed
 
@@ -143,36 +152,30 @@ def throughput_run(tier: str, directory: Path, model: str, total_bytes: int, per
     """Store then load `total_bytes` of `model`'s chunks through `tier`, in a fresh directory."""
     block = MODEL_BLOCKS[model]
     chunks = max(per_job, total_bytes // block)
-    run = TierRun(tier, directory, block, chunks + per_job, 2 * window * per_job, io_threads, model)
+    half = window * per_job  # rows [0, half) are the store sources, [half, 2 half) the load targets
+    run = TierRun(tier, directory, block, chunks + per_job, 2 * half, io_threads, model)
     try:
-        source = np.random.default_rng(seed).integers(0, 256, (window * per_job, run.rows.shape[1]), dtype=np.uint8)
-        run.rows[: len(source)] = source
-        half = window * per_job
-        store_rows = lambda job: list(range((job % window) * per_job, (job % window + 1) * per_job))  # noqa: E731
-        load_rows = lambda job: [half + row for row in store_rows(job)]  # noqa: E731
+        run.rows[:half] = np.random.default_rng(seed).integers(0, 256, (half, run.rows.shape[1]), dtype=np.uint8)
         numbers = list(range(chunks))
-        stored = run.transfer(numbers, store_rows, per_job, window, promotion=False)
+        stored = run.transfer(numbers, 0, per_job, window, promotion=False)
         run.drop_cached_pages()
         jobs = [numbers[start : start + per_job] for start in range(0, chunks, per_job)]
         random.Random(seed).shuffle(jobs)  # requests come back in another order, each for its own chunks
-        loaded = run.transfer([n for job in jobs for n in job], load_rows, per_job, window, promotion=True)
+        loaded = run.transfer([n for job in jobs for n in job], half, per_job, window, promotion=True)
         return {"store": stored, "load": loaded, "files_created": len(run.files()), "direct": run.direct(),
-                "verified_chunks": _verify(run, numbers, source, per_job, half)} | run.log_stats()
+                "verified_chunks": _verify(run, numbers, per_job, half)} | run.log_stats()
     finally:
         run.close()
 
 
-def _verify(run: TierRun, numbers: list[int], source: np.ndarray, per_job: int, first_row: int) -> int:
+def _verify(run: TierRun, numbers: list[int], per_job: int, first_row: int) -> int:
     """Load a sample of chunks once more and compare them byte for byte with their source rows (untimed)."""
-    sample = numbers[:: max(1, len(numbers) // 64)][:per_job]
+    sample = numbers[:: max(1, len(numbers) // per_job)][:per_job]
     run.rows[first_row : first_row + len(sample)] = 0
-    result = run.transfer(sample, lambda _: list(range(first_row, first_row + len(sample))), per_job, 1, True)
-    if result["failed_jobs"]:
+    if run.transfer(sample, first_row, per_job, 1, promotion=True)["failed_jobs"]:
         raise AssertionError(f"{run.name}: the verification load failed")
     for offset, number in enumerate(sample):
-        # chunk n was stored from row (n // per_job % window) * per_job + n % per_job
-        row = (number // per_job) % (len(source) // per_job) * per_job + number % per_job
-        if not np.array_equal(run.rows[first_row + offset], source[row]):
+        if not np.array_equal(run.rows[first_row + offset], run.rows[run.row_of[number]]):
             raise AssertionError(f"{run.name}: chunk {number} came back different")
     return len(sample)
 
@@ -187,8 +190,7 @@ def restart_run(directory: Path, restart_chunks: int, repeats: int, io_threads: 
         (directory / tier).mkdir(parents=True)
         run = TierRun(tier, directory / tier, RESTART_BLOCK, restart_chunks + per_job, 2 * window * per_job,
                       io_threads, "restart-4k")
-        rows = lambda job: list(range((job % window) * per_job, (job % window + 1) * per_job))  # noqa: E731
-        stored = run.transfer(list(range(restart_chunks)), rows, per_job, window, promotion=False)
+        stored = run.transfer(list(range(restart_chunks)), 0, per_job, window, promotion=False)
         run.close()
         say(f"[bench vllm-tier] restart: {tier} stored {restart_chunks} chunks in {stored['seconds']:.1f} s")
     for repeat in range(repeats):
