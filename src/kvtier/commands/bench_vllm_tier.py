@@ -77,7 +77,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"stored then loaded per tier and run, jobs of {settings['chunks_per_job']} chunks, at most "
         f"{settings['window']} in flight, {settings['io_threads']} I/O threads per tier; medians of "
         f"{settings['repeats']} runs (alternating order), min-max in brackets. Disk: "
-        f"{_disk(result['machine'])}.",
+        f"{_disk(result['machine'])}. vLLM's fs tier ran "
+        f"{'its C I/O extension' if result['fs_native_io'] else 'its Python I/O path (its C extension links CUDA libraries, absent here)'}.",
         "",
         "| model (chunk) | tier | store GB/s | load GB/s | store job p50 / p99 ms | load job p50 / p99 ms | "
         "files created (fs: + its config.json) | O_DIRECT | sequential share of writes | logical overwrites |",

@@ -63,3 +63,13 @@ def test_keys_already_stored_or_repeated_are_written_once(tmp_path):
 def test_chunks_must_be_whole_pages():
     with pytest.raises(ConfigError, match="multiple of 4096"):
         FlashChunkStore("/nonexistent/f", 1000, 1 << 20, {})
+
+
+def test_fsync_mode_stores_and_finds_chunks_after_a_reopen(tmp_path):
+    store, rows = open_store(tmp_path / "f", fsync=True), chunks(4)
+    assert store.store([b"a", b"b", b"c", b"d"], list(rows)).result() == [b"a", b"b", b"c", b"d"]
+    store.close()
+    again, out = open_store(tmp_path / "f"), aligned_buffer(4 * CHUNK).reshape(4, CHUNK)
+    assert again.load([b"a", b"b", b"c", b"d"], list(out)).result().loaded == [b"a", b"b", b"c", b"d"]
+    assert np.array_equal(out, rows)
+    again.close()

@@ -240,7 +240,14 @@ def run_vllm_tier_benchmark(directory: Path, models: list[str], total_bytes: int
         restart = restart_run(restart_dir, restart_chunks, repeats, io_threads, say)
     finally:
         shutil.rmtree(restart_dir, ignore_errors=True)
-    return {"models": results, "restart": restart}
+    return {"models": results, "restart": restart, "fs_native_io": fs_native_io()}
+
+
+def fs_native_io() -> bool:
+    """Whether vLLM's fs tier runs its C I/O extension here (it links CUDA libraries) or its Python fallback."""
+    from vllm.v1.kv_offload.tiering.fs import io
+
+    return bool(io._HAS_FSIO_C)
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

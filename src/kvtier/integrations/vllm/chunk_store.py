@@ -16,6 +16,7 @@ its CPU tier. A completed store journals its PUT records, then makes the chunks 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -58,16 +59,19 @@ class FlashChunkStore:
         started = time.perf_counter()
         path = Path(path)
         self.file = FlashFile.open_or_create(path, chunk_bytes, capacity_bytes, identity)
+        self.journal: Journal | None = None
         try:
             self.journal = Journal(path.with_name(path.name + ".index"), self.file.file_id, fsync)
+            replayed = ChunkIndex.replay(self.journal.records, self.file.num_slots)
+            self.journal.records = None  # replayed: let it go
+            self.index, self._seq = replayed.index, replayed.next_seq
+            self.log = FlashLog(self.file.num_slots, min(segment_chunks, self.file.num_slots))
+            self.log.resume(live=self.index.slots(), written=replayed.written, head=replayed.head)
         except BaseException:
+            if self.journal is not None:
+                self.journal.close()
             self.file.close()
             raise
-        replayed = ChunkIndex.replay(self.journal.records, self.file.num_slots)
-        self.journal.records = None  # replayed: let it go
-        self.index, self._seq = replayed.index, replayed.next_seq
-        self.log = FlashLog(self.file.num_slots, min(segment_chunks, self.file.num_slots))
-        self.log.resume(live=self.index.slots(), written=replayed.written, head=replayed.head)
         self._lock = threading.Lock()
         self._maybe_compact()
         self.io = IOEngine(io_threads)
@@ -184,6 +188,8 @@ class FlashChunkStore:
         """Journal and publish a written job (an I/O thread); on failure its slots turn stale."""
         entries = [] if error else [(key, Entry(slot, checksum(buffer), seq))
                                     for (key, buffer), slot, seq in zip(chosen, slots, seqs)]
+        if entries and self.journal.fsync:
+            error = _fdatasync(self.file.fd)  # the chunks are durable before a record says they are there
         with self._lock:
             try:
                 if error is not None:
@@ -263,6 +269,14 @@ def _after(future: Future[Any], step: Callable[[BaseException | None], Any]) -> 
 
     future.add_done_callback(on_done)
     return chained
+
+
+def _fdatasync(fd: int) -> OSError | None:
+    try:
+        os.fdatasync(fd)
+    except OSError as error:
+        return error
+    return None
 
 
 def _done(value: Any) -> Future[Any]:
