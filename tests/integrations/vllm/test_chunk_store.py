@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, StorageError
 from kvtier.integrations.vllm.chunk_store import COMPACT_RECORDS_PER_SLOT, FlashChunkStore
 from kvtier.storage import aligned_buffer
 from kvtier.storage.flash_log import FlashFullError
@@ -73,3 +75,18 @@ def test_fsync_mode_stores_and_finds_chunks_after_a_reopen(tmp_path):
     assert again.load([b"a", b"b", b"c", b"d"], list(out)).result().loaded == [b"a", b"b", b"c", b"d"]
     assert np.array_equal(out, rows)
     again.close()
+
+
+def test_a_failed_write_fails_the_store_and_frees_its_slots(tmp_path):
+    store, rows = open_store(tmp_path / "f"), chunks(2)
+    writable = os.dup(store.file.fd)
+    readonly = os.open(tmp_path / "f", os.O_RDONLY)
+    os.dup2(readonly, store.file.fd)  # the device now refuses writes (EBADF) under the store's feet
+    with pytest.raises(StorageError, match="write failed"):
+        store.store([b"a", b"b"], list(rows)).result()
+    assert b"a" not in store and store.log.live == 0
+    os.dup2(writable, store.file.fd)
+    assert store.store([b"a", b"b"], list(rows)).result() == [b"a", b"b"]
+    store.close()
+    os.close(writable)
+    os.close(readonly)

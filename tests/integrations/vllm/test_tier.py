@@ -216,3 +216,14 @@ def test_a_file_of_another_model_or_in_use_is_refused(make_manager, tmp_path, vl
     os.truncate(path, 3 * 4096)
     with pytest.raises(StorageError, match="truncated"):
         make_manager([flash_tier_entry(path, 16 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK)
+
+
+def test_a_job_naming_chunks_outside_the_cpu_tier_fails_without_raising(make_manager, tmp_path, vllm):
+    manager = make_manager([flash_tier_entry(tmp_path / "kv.flash", 64 * QWEN25_BLOCK)], block_bytes=QWEN25_BLOCK,
+                           cpu_chunks=8)
+    tier = manager.secondary_tiers[0]
+    tier.submit_store(job(vllm, 1, [key(vllm, 1)], [8], False))
+    tier.submit_load(job(vllm, 2, [key(vllm, 1), key(vllm, 2)], [0], True))
+    results = wait_for_jobs(tier, {1, 2})
+    assert not results[1].success and not results[2].success
+    assert len(tier.store) == 0 and tier.store.stats()["chunks"] == 0

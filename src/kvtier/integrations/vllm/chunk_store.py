@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, StorageError
 from kvtier.integrations.vllm.chunk_index import ChunkIndex, Entry
 from kvtier.integrations.vllm.flash_file import FlashFile
 from kvtier.integrations.vllm.journal import Journal, put, reclaim
@@ -102,13 +102,13 @@ class FlashChunkStore:
                 return _done([])
             try:
                 slots = self._allocate(len(chosen))
-            except FlashFullError as error:
+            except StorageError as error:  # full (FlashFullError), or the journal could not be written
                 return _failed(error)
             seqs = list(range(self._seq, self._seq + len(slots)))
             self._seq += len(slots)
             self._pending.update(key for key, _ in chosen)
             self._pin(slots)
-        written = self.io.submit_write_runs(self.file.fd, self._runs(slots, [buffer for _, buffer in chosen]))
+        written = self._submit(self.io.submit_write_runs, self._runs(slots, [buffer for _, buffer in chosen]))
         return _after(written, lambda error: self._finish_store(error, chosen, slots, seqs))
 
     def load(self, keys: Sequence[bytes], buffers: Sequence[Any]) -> Future[LoadOutcome]:
@@ -127,7 +127,7 @@ class FlashChunkStore:
             return _done(outcome)
         wanted.sort(key=lambda item: item[1].slot)
         slots = [entry.slot for _, entry, _ in wanted]
-        read = self.io.submit_read_runs(self.file.fd, self._runs(slots, [buffer for _, _, buffer in wanted]))
+        read = self._submit(self.io.submit_read_runs, self._runs(slots, [buffer for _, _, buffer in wanted]))
         return _after(read, lambda error: self._finish_load(error, wanted, outcome))
 
     def drain(self) -> None:
@@ -154,9 +154,23 @@ class FlashChunkStore:
         self.journal.close()
         self.file.close()
 
+    def _submit(self, submit: Callable[[int, list[Any]], Future[None]], runs: list[Any]) -> Future[None]:
+        """The I/O engine's future for `runs`, or a failed one (a bad buffer, an engine shut down): the
+        finishing step then releases what the job holds."""
+        try:
+            return submit(self.file.fd, runs)
+        except Exception as error:
+            return _failed(error)
+
     def _allocate(self, n: int) -> list[int]:
         """`n` slots at the head, reclaiming the oldest segments that stand in the way (lock held)."""
         reclaims = []
+        try:
+            return self._allocate_reclaiming(n, reclaims)
+        finally:
+            self.journal.append(reclaims)  # before anything overwrites the dropped chunks
+
+    def _allocate_reclaiming(self, n: int, reclaims: list[Any]) -> list[int]:
         while self.log.free_slots < n:
             segment = self.log.blocking_segment()
             if segment is None:
@@ -170,7 +184,6 @@ class FlashChunkStore:
             span = self.log.segment_range(segment)
             reclaims.append(reclaim(self._seq, span.start, len(span)))
             self._seq += 1
-        self.journal.append(reclaims)  # before anything overwrites the dropped chunks
         return self.log.allocate(n)
 
     def _runs(self, slots: list[int], buffers: list[Any]) -> list[tuple[int, list[memoryview]]]:

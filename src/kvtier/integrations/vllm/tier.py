@@ -66,12 +66,10 @@ class KvtierFlashTier(SecondaryTierManager):
         return LookupResult.HIT if key in self.store else LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:
-        future = self.store.store(list(job_metadata.keys), self._primary_rows(job_metadata))
-        self._report(job_metadata, future, self._stored)
+        self._report(job_metadata, self._submit(self.store.store, job_metadata), self._stored)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        future = self.store.load(list(job_metadata.keys), self._primary_rows(job_metadata))
-        self._report(job_metadata, future, self._loaded)
+        self._report(job_metadata, self._submit(self.store.load, job_metadata), self._loaded)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         results = []
@@ -102,8 +100,20 @@ class KvtierFlashTier(SecondaryTierManager):
         return self.store.stats()
 
     def _primary_rows(self, job: TransferJob) -> list[memoryview]:
-        size = self.block_size_bytes
+        size, count = self.block_size_bytes, self._rows.nbytes // self.block_size_bytes
+        if len(job.chunk_ids) != len(job.keys) or any(not 0 <= int(chunk) < count for chunk in job.chunk_ids):
+            raise ValueError(f"job {job.job_id}: {len(job.keys)} keys for CPU-tier chunks {list(job.chunk_ids)} "
+                             f"(the CPU tier has {count})")
         return [self._rows[int(chunk) * size : (int(chunk) + 1) * size] for chunk in job.chunk_ids]
+
+    def _submit(self, action: Any, job: TransferJob) -> Future[Any]:
+        """`action`'s future for the job; never raises into vLLM's scheduler (an error fails the job)."""
+        try:
+            return action(list(job.keys), self._primary_rows(job))
+        except Exception as error:
+            failed: Future[Any] = Future()
+            failed.set_exception(error)
+            return failed
 
     def _report(self, job: TransferJob, future: Future[Any], result_of: Any) -> None:
         with self._reported:
