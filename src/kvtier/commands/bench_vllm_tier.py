@@ -43,6 +43,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from kvtier.integrations.vllm.bench import MODEL_BLOCKS, run_vllm_tier_benchmark
 
+    try:
+        import vllm.v1.kv_offload.tiering.spec  # noqa: F401
+    except ImportError as error:
+        raise ConfigError(f"vLLM 0.33 is not importable ({error}); install it: pip install 'kvtier[vllm]' "
+                          "(on a CPU-only machine: make vllm)") from None
+
     models = [name.strip() for name in args.models.split(",") if name.strip()]
     unknown = [name for name in models if name not in MODEL_BLOCKS]
     if unknown or not models:

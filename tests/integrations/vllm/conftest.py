@@ -21,7 +21,7 @@ def vllm() -> Any:
     try:
         return vllm_api()
     except Exception as error:  # ImportError, or a broken dependency of vLLM's
-        pytest.fail(f"vLLM 0.33 is not importable ({type(error).__name__}: {error}); run `make install`")
+        pytest.fail(f"vLLM 0.33 is not importable ({type(error).__name__}: {error}); run `make vllm`")
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@
     chunk_index.py  key -> (slot, crc, seq) in memory, rebuilt by replaying the journal
     chunk_store.py  FlashChunkStore: append at the log head, reclaim the oldest segment, verified reads
     tier.py         KvtierFlashTier: vLLM's SecondaryTierManager contract on top of the store
+    config.py       the secondary-tier entry that enables it; vLLM's offloading config for one KV group
     bench.py        kvtier's tier vs vLLM's fs tier through the same interface (`kvtier bench vllm-tier`)
 
-Only tier.py and bench.py import vLLM; install it with `pip install 'kvtier[vllm]'` (see docs/vllm.md).
+Only tier.py, config.py and bench.py import vLLM (config and bench when called); install it with `pip install 'kvtier[vllm]'` (see docs/vllm.md).
 """
