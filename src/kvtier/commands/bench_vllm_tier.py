@@ -87,8 +87,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"{'its C I/O extension' if result['fs_native_io'] else 'its Python I/O path (its C extension links CUDA libraries, absent here)'}.",
         "",
         "| model (chunk) | tier | store GB/s | load GB/s | store job p50 / p99 ms | load job p50 / p99 ms | "
-        "files created (fs: + its config.json) | O_DIRECT | sequential share of writes | logical overwrites |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "files created (fs: + its config.json) | O_DIRECT | sequential share of writes (log) | physically "
+        "sequential writes (FIEMAP) | logical overwrites |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model, entry in result["models"].items():
         for tier, row in entry["tiers"].items():
@@ -97,7 +98,8 @@ def render_markdown(result: dict[str, Any]) -> str:
                 f"{_cell(row['load_gb_per_s'])} | {row['store_job_p50_ms']['median']:.1f} / "
                 f"{row['store_job_p99_ms']['median']:.1f} | {row['load_job_p50_ms']['median']:.1f} / "
                 f"{row['load_job_p99_ms']['median']:.1f} | {row['files_created']} | {row['direct']} | "
-                f"{_share(row['sequential_share'])} | {_share(row['overwrites'])} |")
+                f"{_share(row['sequential_share'])} | {_physical(row['physical_sequential_share'])} | "
+                f"{_share(row['overwrites'])} |")
     restart = result["restart"]
     lines += [
         "",
@@ -109,8 +111,10 @@ def render_markdown(result: dict[str, Any]) -> str:
     ]
     for tier, seconds in restart["seconds"].items():
         lines.append(f"| {tier} | {_cell(seconds, 3)} | {restart['hits'][tier]} |")
-    lines += ["", "fs: one new file per chunk, placed by the filesystem (no log, so no sequential share or "
-              "overwrite count); kvtier: appends at the flash log's head (sequential share of allocations). "
+    lines += ["", "fs: one new file per chunk, placed by the filesystem (no log, so no log share or overwrite "
+              "count); kvtier: appends at the flash log's head (sequential share of allocations). Physically "
+              "sequential: the share of chunk writes, in submission order, that start on the device where the "
+              "previous one ended (FIEMAP after the store phase). "
               "Every run's failed jobs: " + ", ".join(
                   f"{model} {tier} {row['failed_jobs']}" for model, entry in result["models"].items()
                   for tier, row in entry["tiers"].items()) + "; a sample of each run's chunks was compared byte for "
@@ -120,6 +124,10 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 def _cell(value: dict[str, float], digits: int = 2) -> str:
     return f"{value['median']:.{digits}f} [{value['min']:.{digits}f}-{value['max']:.{digits}f}]"
+
+
+def _physical(value: dict[str, float] | None) -> str:
+    return "n/a (no FIEMAP here)" if value is None else _cell(value, 3)
 
 
 def _share(value: Any) -> str:

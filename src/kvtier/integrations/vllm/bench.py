@@ -12,8 +12,9 @@ POLL_S as vLLM's scheduler does. Per tier and repeat (alternating which tier goe
   shuffled order (requests return in another order); then a sample is compared byte for byte
   with what was stored (untimed);
 - GB/s over the phase's wall time, p50/p99 of the per-job latency (submit -> seen finished),
-  files created, and the log's sequential share and logical overwrites (kvtier; vLLM's fs tier
-  writes one new file per chunk and leaves placement to the filesystem).
+  files created, the log's sequential share and logical overwrites (kvtier; vLLM's fs tier
+  writes one new file per chunk and leaves placement to the filesystem), and for both the
+  physical sequential share: where the filesystem put each chunk (FIEMAP), in submission order.
 
 Restart: `restart_chunks` 4 KiB chunks are stored once per tier, then a new tier is started on the
 same files `repeats` times and timed until every chunk has been looked up as a hit (kvtier: replay
@@ -35,6 +36,7 @@ import numpy as np
 
 from kvtier.eval.record import spread
 from kvtier.integrations.vllm.config import flash_tier_entry, tiering_manager
+from kvtier.integrations.vllm.placement import physical_sequential_share
 from kvtier.storage import drop_page_cache
 
 POLL_S = 0.001
@@ -136,6 +138,16 @@ class TierRun:
             finally:
                 os.close(fd)
 
+    def physical_share(self, numbers: list[int]) -> float | None:
+        """The physical sequential share (FIEMAP) of the chunks' writes, in the order they were submitted."""
+        size = self.tier.block_size_bytes
+        if self.name == "kvtier":
+            file = self.tier.store.file
+            writes = [(file.path, file.offset(self.tier.store.index.get(self._key(n)).slot), size) for n in numbers]
+        else:
+            writes = [(Path(self.tier.file_mapper.get_file_name(self._key(n))), 0, size) for n in numbers]
+        return physical_sequential_share(writes)
+
     def log_stats(self) -> dict[str, Any]:
         if self.name != "kvtier":
             return {"sequential_share": None, "overwrites": None}
@@ -158,11 +170,13 @@ def throughput_run(tier: str, directory: Path, model: str, total_bytes: int, per
         run.rows[:half] = np.random.default_rng(seed).integers(0, 256, (half, run.rows.shape[1]), dtype=np.uint8)
         numbers = list(range(chunks))
         stored = run.transfer(numbers, 0, per_job, window, promotion=False)
+        physical = run.physical_share(numbers)
         run.drop_cached_pages()
         jobs = [numbers[start : start + per_job] for start in range(0, chunks, per_job)]
         random.Random(seed).shuffle(jobs)  # requests come back in another order, each for its own chunks
         loaded = run.transfer([n for job in jobs for n in job], half, per_job, window, promotion=True)
         return {"store": stored, "load": loaded, "files_created": len(run.files()), "direct": run.direct(),
+                "physical_sequential_share": physical,
                 "verified_chunks": _verify(run, numbers, per_job, half)} | run.log_stats()
     finally:
         run.close()
@@ -256,6 +270,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 for phase in ("store", "load") for name in ("gb_per_s", "job_p50_ms", "job_p99_ms")}
     first = rows[0]
     counts = {name: first[name] for name in ("files_created", "direct", "sequential_share", "overwrites")}
+    shares = [row["physical_sequential_share"] for row in rows if row["physical_sequential_share"] is not None]
+    counts["physical_sequential_share"] = spread(shares) if shares else None
     failed = sum(row[phase]["failed_jobs"] for row in rows for phase in ("store", "load"))
     return measured | counts | {"failed_jobs": failed, "runs": rows,
                                 "verified_chunks": sum(row["verified_chunks"] for row in rows),
