@@ -7,6 +7,7 @@
     chunk_store.py  FlashChunkStore: append at the log head, reclaim the oldest segment, verified reads
     tier.py         KvtierFlashTier: vLLM's SecondaryTierManager contract on top of the store
     config.py       the secondary-tier entry that enables it; vLLM's offloading config for one KV group
+    placement.py    where written bytes landed on the device (FIEMAP): the physical sequential share
     bench.py        kvtier's tier vs vLLM's fs tier through the same interface (`kvtier bench vllm-tier`)
 
 Only tier.py, config.py and bench.py import vLLM (config and bench when called); install it with `pip install 'kvtier[vllm]'` (see docs/vllm.md).

@@ -51,11 +51,15 @@ class KvtierFlashTier(SecondaryTierManager):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality(locality) if locality is not None else None
         self._rows = primary_kv_view.cast("B")
-        if self._rows.nbytes and (self.block_size_bytes % PAGE or address_of(self._rows) % PAGE):
-            raise ConfigError(f"vLLM's CPU tier rows ({self.block_size_bytes} bytes) are not {PAGE}-byte aligned; "
-                              "the flash tier moves them with O_DIRECT")
-        self.store = FlashChunkStore(path, self.block_size_bytes, parse_size(capacity),
-                                     kv_identity(offloading_spec.config), io_threads, segment_chunks, fsync)
+        try:
+            if self._rows.nbytes and (self.block_size_bytes % PAGE or address_of(self._rows) % PAGE):
+                raise ConfigError(f"vLLM's CPU tier rows ({self.block_size_bytes} bytes) are not {PAGE}-byte "
+                                  "aligned; the flash tier moves them with O_DIRECT")
+            self.store = FlashChunkStore(path, self.block_size_bytes, parse_size(capacity),
+                                         kv_identity(offloading_spec.config), io_threads, segment_chunks, fsync)
+        except BaseException:
+            self._rows.release()  # vLLM unmaps its CPU tier when a tier fails to start
+            raise
         self._finished: deque[JobResult] = deque()
         self._outstanding = 0
         self._reported = threading.Condition()
