@@ -232,3 +232,50 @@ def test_fifo_swap_in_never_blocks_the_log():
         swapped.append(log.allocate(n))
     assert log.sequential_share == 1.0
     assert log.reclaimed_segments > 100
+
+
+def test_blocking_segment_names_the_oldest_live_segment_and_its_slots():
+    log = FlashLog(32, segment_slots=8)
+    first = log.allocate(8)
+    log.allocate(20)
+    assert log.head == 28
+    assert log.blocking_segment() == 0
+    assert list(log.segment_range(0)) == first
+    log.free(first)
+    assert log.blocking_segment() == 1  # the next one in ring order
+    assert log.allocate(8) == [28, 29, 30, 31, 0, 1, 2, 3]
+    log.free(list(range(8, 32)) + [0, 1, 2, 3])
+    assert log.blocking_segment() is None
+
+
+def test_resume_continues_a_persisted_log_where_it_stopped():
+    before = FlashLog(32, segment_slots=8)
+    kept = before.allocate(10)
+    before.free(kept[:3])
+    after = FlashLog(32, segment_slots=8)
+    after.resume(live=kept[3:], written=kept, head=before.head)
+    assert (after.live, after.free_slots, after.head) == (before.live, before.free_slots, before.head)
+    assert after.allocate(4) == [10, 11, 12, 13]
+    assert after.sequential_share == 1.0
+    after.allocate(18)  # wraps to the stale slots 0-2 ...
+    assert after.overwrites == 0
+    after.free(kept[3:8])
+    after.free(list(range(10, 16)))
+    with pytest.raises(FlashFullError):
+        after.allocate(12)  # ... but segment 1 still holds slots 8-9 written before the restart
+    after.free(kept[8:])
+    after.allocate(1)
+    assert after.overwrites == 1  # slot 0 was written by the process before
+
+
+@pytest.mark.parametrize("live, head", [([40], 0), ([1], 32), ([], -1)])
+def test_resume_refuses_slots_outside_the_log(live, head):
+    with pytest.raises(ValueError, match="outside"):
+        FlashLog(32, segment_slots=8).resume(live=live, written=live, head=head)
+
+
+def test_resume_refuses_a_log_in_use():
+    log = FlashLog(32, segment_slots=8)
+    log.allocate(1)
+    with pytest.raises(ValueError, match="fresh log"):
+        log.resume(live=[], written=[], head=0)

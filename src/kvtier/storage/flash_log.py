@@ -169,6 +169,38 @@ class FlashLog(SlotAllocator):
             f"which still holds {self._segment_live[blocker]} live blocks)"
         )
 
+    @property
+    def head(self) -> int:
+        """The slot the next allocation starts at."""
+        return self._head
+
+    def blocking_segment(self) -> int | None:
+        """The segment whose live blocks stop the head from advancing further (None: nothing does).
+
+        A cache that may drop blocks frees this segment's live slots to make room (oldest first).
+        """
+        return self._writable_run()[1]
+
+    def segment_range(self, segment: int) -> range:
+        """The slots of `segment`."""
+        return range(segment * self.segment_slots, self._segment_end(segment))
+
+    def resume(self, live: Iterable[int], written: Iterable[int], head: int) -> None:
+        """Continue a log persisted by an earlier process: `live` slots hold blocks, `written` ones were
+        written at some time, the next allocation starts at `head`. Only on a log that allocated nothing."""
+        if self.appends or self._live_count:
+            raise ValueError("resume() needs a fresh log: this one has allocated already")
+        live, written = sorted(set(live)), set(written)
+        if not 0 <= head < self.num_slots or any(not 0 <= slot < self.num_slots for slot in (*live, *written)):
+            raise ValueError(f"resume(): a slot or the head ({head}) lies outside this {self.num_slots}-slot log")
+        for slot in written.union(live):
+            self._written[slot] = 1
+        for slot in live:
+            self._live[slot] = 1
+            self._segment_live[self._segment_of(slot)] += 1
+        self._live_count = len(live)
+        self._head = self._expected_start = head
+
     def _writable_run(self) -> tuple[int, int | None]:
         """Slots writable from the head on, and the segment that stops the run (None: nothing does).
 
