@@ -5,8 +5,10 @@ commands (add a request, abort one, stop) and the thread applies them between
 steps. Each generated token goes to its request's `TokenStream`. When nothing is
 running the thread sleeps on the command queue instead of spinning.
 
-After every step the thread publishes an `EngineSnapshot` (queue lengths, free
-blocks, swap traffic), which /metrics reads without reaching into the engine.
+After every step, before handing out its tokens, the thread publishes an
+`EngineSnapshot` (queue lengths, free blocks, swap traffic), which /metrics reads
+without reaching into the engine: a client that got its last token and then
+scrapes sees the state after that step.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class EngineLoop:
                 return
             if self.engine.has_unfinished():
                 self._step()
-            self.snapshot = take_snapshot(self.engine)
+            else:  # only commands ran (e.g. aborts): the step did not take a snapshot
+                self.snapshot = take_snapshot(self.engine)
 
     def _drain(self) -> bool:
         """Apply every queued command; False once `stop` was among them."""
@@ -148,7 +151,9 @@ class EngineLoop:
             log.exception("engine step failed; failing %d requests", len(self._streams))
             for stream in list(self._streams.values()):
                 self._abort(stream, "error", f"engine step failed: {error}")
+            self.snapshot = take_snapshot(self.engine)
             return
+        self.snapshot = take_snapshot(self.engine)  # before any client hears of this step's results
         for event in events:
             stream = self._streams[event.request_id]
             stream.push(event.token_id)
