@@ -4,6 +4,8 @@ The sparse path (`--kv sparse`) keeps a window of the KV on the device, a hot po
 and a cold pool on disk scored by the storage scorer process; it is built for one long sequence,
 so requests queue for a single worker thread. It runs on a model instance of its own, loaded on
 the first long request: the engine has installed its paged attention on the serving model.
+While it decodes, the process runs one torch thread fewer (`kvtier.threads`: the scorer process
+needs a core), which slows the engine's concurrent steps as well: torch's thread count is global.
 """
 
 from __future__ import annotations
