@@ -73,11 +73,19 @@ def run(args: argparse.Namespace) -> int:
     result = run_http_benchmark(llm, prompts(count), config, levels, args.requests_per_client, args.min_requests,
                                 args.new_tokens, args.repeats, say)
     result = {"model": llm.name, "dtype": args.dtype,
-              "command": "kvtier bench http " + " ".join(sys.argv[3:])} | result
+              "command": command_line(args)} | result
     (args.out / "http.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "http.md").write_text(render_markdown(result))
     say(f"wrote {args.out / 'http.json'} and http.md")
     return 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The run's settings as the command that repeats it (the flash directory aside)."""
+    return (f"kvtier bench http --model {args.model} --dtype {args.dtype} --clients {args.clients} "
+            f"--requests-per-client {args.requests_per_client} --min-requests {args.min_requests} "
+            f"--new-tokens {args.new_tokens} --repeats {args.repeats} --block-tokens {args.block_tokens} "
+            f"--device-blocks {args.device_blocks} --swap-space {args.swap_space}")
 
 
 def render_markdown(result: dict[str, Any]) -> str:

@@ -12,26 +12,26 @@ Each server start is followed by one untimed warm-up pass (the first forwards of
 kernel set-up). Measured per run: generated tokens / wall seconds; time to first token (request sent -> first
 streamed text) and inter-token latency (gaps between streamed chunks, one token each) at p50/p99.
 Repeats alternate the backend order and the server/offline order; the tables give medians over
-repeats with the spread (min-max). The clients run in this process too (an asyncio loop on httpx),
-so they share this process's CPU and interpreter with the server: the ratio is a lower bound.
+repeats with the spread (min-max). The clients (`load_client`) run in a process of their own, as
+a real client would: in the server's process their JSON parsing took the interpreter from the
+engine thread (docs/decisions.md). They still share the machine's cores with the server.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, replace
+from multiprocessing import get_context
 from typing import Any
-
-import httpx
 
 from kvtier.serve.engine import EngineConfig, LLMEngine
 from kvtier.serve.sequence import SamplingParams
 from kvtier.server.app import create_app
 from kvtier.server.backend import ServerSettings, build_backend
+from kvtier.server.load_client import LevelRun, drive
 from kvtier.server.runner import ServerThread
 
 CLIENT_LEVELS = (1, 8, 32, 64)
@@ -43,57 +43,6 @@ Progress = Callable[[str], None]
 def requests_for(clients: int, per_client: int, minimum: int) -> int:
     """Requests of a level: `per_client` per client, at least `minimum` (so one client gives several samples)."""
     return max(clients * per_client, minimum)
-
-
-@dataclass
-class LevelRun:
-    """One level's run through the server: throughput and the latency samples behind its percentiles."""
-
-    tokens: int
-    wall_s: float
-    ttft_s: list[float]
-    itl_s: list[float]
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s
-
-
-async def _stream_one(http: httpx.AsyncClient, prompt: str, new_tokens: int) -> tuple[int, float, list[float]]:
-    """(completion tokens, TTFT, inter-chunk gaps) of one streamed completion."""
-    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
-    sent = time.perf_counter()
-    arrivals, tokens = [], 0
-    async with http.stream("POST", "/v1/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line.removeprefix("data: "))
-            if chunk["choices"] and chunk["choices"][0]["text"]:
-                arrivals.append(time.perf_counter())
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:])]
-    return tokens, arrivals[0] - sent, gaps
-
-
-async def _drive(url: str, prompts: list[str], clients: int, new_tokens: int) -> LevelRun:
-    queue = list(reversed(prompts))
-    results: list[tuple[int, float, list[float]]] = []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-
-    async def client(http: httpx.AsyncClient) -> None:
-        while queue:
-            results.append(await _stream_one(http, queue.pop(), new_tokens))
-
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=None) as http:
-        started = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(clients)))
-        wall = time.perf_counter() - started
-    return LevelRun(sum(tokens for tokens, _, _ in results), wall, [ttft for _, ttft, _ in results],
-                    [gap for _, _, gaps in results for gap in gaps])
 
 
 def offline_tokens_per_s(llm: Any, ids: list[list[int]], config: EngineConfig, clients: int, new_tokens: int) -> float:
@@ -124,33 +73,46 @@ def run_http_benchmark(llm: Any, prompts: list[str], config: EngineConfig, level
         raise ValueError(f"{needed} prompts needed, {len(prompts)} given")
     ids = [list(llm.tokenizer(prompt)["input_ids"]) for prompt in prompts]
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for repeat in range(repeats):
-        for backend in BACKENDS if repeat % 2 == 0 else tuple(reversed(BACKENDS)):
-            swap_config = replace(config, swap=backend)
-            server_first = repeat % 2 == 0
-            with BenchServer(llm, swap_config) as (server, engine_stats):
-                asyncio.run(_drive(server.url, prompts[:minimum], min(levels), new_tokens))  # warm-up, untimed
-                engine_stats()
-                for clients in levels:
-                    count = requests_for(clients, per_client, minimum)
-                    cell = _cell(llm, server.url, prompts[:count], ids[:count], swap_config, clients, new_tokens,
-                                 server_first)
-                    cell["swap_outs"] = engine_stats()
-                    samples.setdefault((backend, clients), []).append(cell)
-                    say(f"[bench http] repeat {repeat + 1}/{repeats} {backend} c={clients}: server "
-                        f"{cell['server_tokens_per_s']:.1f} tok/s, offline {cell['offline_tokens_per_s']:.1f} tok/s, "
-                        f"TTFT p50 {cell['ttft_p50_s'] * 1000:.0f} ms")
+    clients_process = ProcessPoolExecutor(1, mp_context=get_context("spawn"))
+    try:
+        _measure(llm, prompts, ids, config, levels, per_client, minimum, new_tokens, repeats, clients_process,
+                 samples, say)
+    finally:
+        clients_process.shutdown()
     return {"levels": list(levels), "backends": list(BACKENDS), "repeats": repeats, "new_tokens": new_tokens,
             "requests": {str(c): requests_for(c, per_client, minimum) for c in levels},
             "engine": asdict(config) | {"swap": "per backend"},
             "cells": [_summary(backend, clients, runs) for (backend, clients), runs in samples.items()]}
 
 
-def _cell(llm: Any, url: str, prompts: list[str], ids: list[list[int]], config: EngineConfig, clients: int,
-          new_tokens: int, server_first: bool) -> dict[str, Any]:
-    def served() -> LevelRun:
-        return asyncio.run(_drive(url, prompts, clients, new_tokens))
+def _measure(llm: Any, prompts: list[str], ids: list[list[int]], config: EngineConfig, levels: tuple[int, ...],
+             per_client: int, minimum: int, new_tokens: int, repeats: int, clients_process: ProcessPoolExecutor,
+             samples: dict[tuple[str, int], list[dict[str, Any]]], say: Progress) -> None:
+    """Fill `samples` with one cell per (backend, level) and repeat, in alternating orders."""
+    for repeat in range(repeats):
+        for backend in BACKENDS if repeat % 2 == 0 else tuple(reversed(BACKENDS)):
+            swap_config = replace(config, swap=backend)
+            server_first = repeat % 2 == 0
+            with BenchServer(llm, swap_config) as (server, engine_stats):
+                def served(count: int, clients: int) -> LevelRun:
+                    return clients_process.submit(drive, server.url, SERVED_NAME, prompts[:count], clients,
+                                                  new_tokens).result()
 
+                served(minimum, min(levels))  # warm-up, untimed
+                engine_stats()
+                for clients in levels:
+                    count = requests_for(clients, per_client, minimum)
+                    cell = _cell(llm, lambda: served(count, clients), ids[:count], swap_config, clients,
+                                 new_tokens, server_first)
+                    cell["swap_outs"] = engine_stats()
+                    samples.setdefault((backend, clients), []).append(cell)
+                    say(f"[bench http] repeat {repeat + 1}/{repeats} {backend} c={clients}: server "
+                        f"{cell['server_tokens_per_s']:.1f} tok/s, offline {cell['offline_tokens_per_s']:.1f} tok/s, "
+                        f"TTFT p50 {cell['ttft_p50_s'] * 1000:.0f} ms")
+
+
+def _cell(llm: Any, served: Callable[[], LevelRun], ids: list[list[int]], config: EngineConfig, clients: int,
+          new_tokens: int, server_first: bool) -> dict[str, Any]:
     def offline() -> float:
         return offline_tokens_per_s(llm, ids, config, clients, new_tokens)
 
@@ -159,8 +121,8 @@ def _cell(llm: Any, url: str, prompts: list[str], ids: list[list[int]], config: 
     else:
         offline_rate = offline()
         run = served()
-    if run.tokens != len(prompts) * new_tokens:
-        raise RuntimeError(f"the server generated {run.tokens} tokens, {len(prompts) * new_tokens} were asked for")
+    if run.tokens != len(ids) * new_tokens:
+        raise RuntimeError(f"the server generated {run.tokens} tokens, {len(ids) * new_tokens} were asked for")
     return {"server_tokens_per_s": run.tokens_per_s, "offline_tokens_per_s": offline_rate,
             "ratio": run.tokens_per_s / offline_rate, "wall_s": run.wall_s,
             "ttft_p50_s": percentile(run.ttft_s, 0.5), "ttft_p99_s": percentile(run.ttft_s, 0.99),

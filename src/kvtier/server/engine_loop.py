@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kvtier.errors import KvtierError
 from kvtier.serve.engine import LLMEngine
 from kvtier.serve.sequence import SamplingParams
-from kvtier.server.token_stream import TokenStream
+from kvtier.server.token_stream import Finished, TokenStream, deliver
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +154,11 @@ class EngineLoop:
             self.snapshot = take_snapshot(self.engine)
             return
         self.snapshot = take_snapshot(self.engine)  # before any client hears of this step's results
+        items: list[tuple[TokenStream, int | Finished]] = []
         for event in events:
             stream = self._streams[event.request_id]
-            stream.push(event.token_id)
+            items.append((stream, event.token_id))
             if event.output is not None:
                 del self._streams[event.request_id]
-                stream.finish(event.output.finish_reason)
+                items.append((stream, Finished(event.output.finish_reason)))
+        deliver(items)

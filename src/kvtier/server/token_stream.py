@@ -45,7 +45,25 @@ class TokenStream:
         return self._cancelled.is_set()
 
     def _put(self, item: int | Finished) -> None:
+        deliver([(self, item)])
+
+
+def deliver(items: list[tuple[TokenStream, int | Finished]]) -> None:
+    """Hand many items to their streams with one wake-up per event loop.
+
+    An engine step yields a token for every running request; waking the event loop once per token
+    made the loop thread compete with the engine thread for the interpreter 64 times a step.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TokenStream, int | Finished]]] = {}
+    for stream, item in items:
+        by_loop.setdefault(stream._loop, []).append((stream, item))
+    for loop, batch in by_loop.items():
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            loop.call_soon_threadsafe(_put_all, batch)
         except RuntimeError:  # the event loop already closed (server shut down): nobody is listening
             pass
+
+
+def _put_all(batch: list[tuple[TokenStream, int | Finished]]) -> None:
+    for stream, item in batch:
+        stream._queue.put_nowait(item)
