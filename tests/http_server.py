@@ -12,8 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvtier.kv.factory import KVConfig
 from kvtier.serve.engine import EngineConfig
 from kvtier.server.app import create_app
-from kvtier.server.backend import Backend, ServerSettings, build_backend
+from kvtier.server.backend import Backend, ServerSettings, SparseSetup, build_backend
 from kvtier.server.runner import ServerThread
+from kvtier.store.store import DocumentStore
 
 MODEL = "smollm2-135m"
 
@@ -29,7 +30,7 @@ def running_server(llm, directory: Path, api_key: str | None = None, sparse: boo
     sparse_path = None
     if sparse:  # small budgets, so a few hundred tokens already reach the cold pool on disk
         kv = KVConfig(kv="sparse", device_kv_budget="8MiB", host_kv_budget="4MiB", storage_dir=str(directory))
-        sparse_path = (kv, lambda: load_model(MODEL))
+        sparse_path = SparseSetup(kv, lambda: load_model(MODEL), DocumentStore(directory / "store"))
     backend = build_backend(llm, config, ServerSettings(MODEL, api_key), sparse_path)
     with ServerThread(create_app(backend)) as server:
         yield server, backend

@@ -106,7 +106,7 @@ def test_seeded_sampling_repeats_and_temperature_zero_is_greedy(client):
     assert len({ask(temperature=1.5, seed=seed) for seed in range(4)}) > 1
 
 
-def test_a_prompt_beyond_the_device_pool_is_served_on_the_sparse_path(client, server, reference_llm):
+def test_a_prompt_beyond_the_device_pool_is_served_on_the_sparse_path_reusing_the_stored_document(client, server, reference_llm):
     llm = reference_llm
     backend = server[1]
     prompt = "The quick brown fox jumps over the lazy dog. " * 50  # ~500 tokens, the pool holds 384
@@ -117,6 +117,11 @@ def test_a_prompt_beyond_the_device_pool_is_served_on_the_sparse_path(client, se
     assert reply.choices[0].text == llm.tokenizer.decode(expected, skip_special_tokens=True)
     assert backend.sparse.counters.requests == 1
     assert backend.sparse.counters.cold_read_bytes > 0  # its KV went through the disk tier
+    assert backend.sparse.counters.reused_prompt_tokens == 0
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0)
+    assert again.choices[0].text == reply.choices[0].text
+    assert backend.sparse.counters.reused_prompt_tokens > 0  # the first request stored the document's KV
+    assert backend.sparse.counters.kv_store_bytes_read > 0
 
 
 def test_models_and_health(client, server):

@@ -2,7 +2,7 @@
 
 Requests are batched by the serving engine (the options of `kvtier batch`: swap to flash, DRAM or
 recompute); a prompt too long for the engine's device pool is served on the HillInfer sparse path,
-one at a time. Binds to 127.0.0.1 unless --host says otherwise; --api-key (or KVTIER_API_KEY) makes
+one at a time, reusing the prefill KV of documents stored by earlier requests (the document KV store). Binds to 127.0.0.1 unless --host says otherwise; --api-key (or KVTIER_API_KEY) makes
 every endpoint but /health require `Authorization: Bearer KEY`.
 """
 
@@ -14,6 +14,7 @@ import sys
 
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.commands.serve_options import add_engine_options, engine_config_from
+from kvtier.commands.store_options import add_store_options, store_from
 from kvtier.errors import ConfigError
 from kvtier.kv.factory import KVConfig
 
@@ -48,6 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="sparse path: KV bytes in host DRAM (default %(default)s)")
     sparse.add_argument("--storage-dir", default=None,
                         help="sparse path: directory of its cold-pool files (default: <user cache>/kvtier/kv)")
+    add_store_options(parser)
     parser.set_defaults(run=run)
     return parser
 
@@ -55,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from kvtier.models.loader import load_model
     from kvtier.server.app import create_app
-    from kvtier.server.backend import ServerSettings, build_backend
+    from kvtier.server.backend import ServerSettings, SparseSetup, build_backend
     from kvtier.server.runner import serve_forever
 
     if not 0 <= args.port <= 65535:
@@ -67,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
                          host_kv_budget=args.sparse_host_kv_budget, storage_dir=args.storage_dir).validated()
     settings = ServerSettings(args.served_model_name or args.model, args.api_key, args.default_max_tokens)
     llm = load_model(args.model, dtype=args.dtype)
-    sparse = (sparse_kv, lambda: load_model(args.model, dtype=args.dtype)) if args.sparse else None
+    sparse = None
+    if args.sparse:
+        sparse = SparseSetup(sparse_kv, lambda: load_model(args.model, dtype=args.dtype), store_from(args))
     backend = build_backend(llm, engine_config, settings, sparse)
     print(f"[serve] {settings.model_name} on http://{args.host}:{args.port} | engine: "
           f"{backend.engine.pool.num_blocks} blocks of {engine_config.block_tokens} tokens, swap {engine_config.swap}"

@@ -19,6 +19,7 @@ goes to the engine, batched with every other such request and swapped to flash (
 pressure as in `kvtier batch`. A longer one would be refused by the engine; it runs instead on the
 sparse path (`--kv sparse`: device window, host hot pool, cold pool on disk scored by the storage
 scorer), one request at a time, with a model instance of its own because each path installs its
-own attention implementation on the model. Reusing a document's KV across requests (a document
-KV store) does not exist yet: every sparse request prefills its whole prompt.
+own attention implementation on the model. With the document KV store (`kvtier.store`, on by
+default in `kvtier serve`), a sparse request whose prompt starts with blocks stored by an earlier
+request loads them instead of prefilling them; engine requests prefill their (short) prompts.
 """

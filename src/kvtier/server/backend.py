@@ -22,6 +22,7 @@ from kvtier.server.errors import APIError
 from kvtier.server.metrics import ServerMetrics
 from kvtier.server.sparse_path import SparseCounters, SparsePath
 from kvtier.server.token_stream import TokenStream
+from kvtier.store.store import DocumentStore
 
 PAGED, SPARSE = "paged", "sparse"
 
@@ -109,10 +110,20 @@ class Backend:
         self.engine.close()
 
 
+@dataclass(frozen=True)
+class SparseSetup:
+    """The sparse path's KV tiers, a loader of its own model instance, and the document KV store (None: none)."""
+
+    kv_config: KVConfig
+    load_model: Callable[[], Any]
+    store: DocumentStore | None = None
+
+
 def build_backend(llm: Any, engine_config: EngineConfig, settings: ServerSettings,
-                  sparse: tuple[KVConfig, Callable[[], Any]] | None = None) -> Backend:
-    """A backend for `llm`: an engine with `engine_config`, and the sparse path when `sparse` gives its
-    KV config and a loader of its own model instance (`load_model` with the served model's arguments)."""
+                  sparse: SparseSetup | None = None) -> Backend:
+    """A backend for `llm`: an engine with `engine_config`, and the sparse path unless `sparse` is None."""
     engine = LLMEngine.from_llm(llm, engine_config)
-    path = SparsePath(sparse[1], sparse[0], engine.eos_token_ids) if sparse is not None else None
+    path = None
+    if sparse is not None:
+        path = SparsePath(sparse.load_model, sparse.kv_config, engine.eos_token_ids, sparse.store)
     return Backend(llm, engine, path, settings)

@@ -79,7 +79,11 @@ class _EngineCollector(Collector):
                 ("kvtier:sparse_cold_read_bytes", "Bytes the sparse path read from its cold pool on disk",
                  sparse.cold_read_bytes),
                 ("kvtier:sparse_scorer_restarts", "Restarts of the sparse path's storage scorer process",
-                 sparse.scorer_restarts)):
+                 sparse.scorer_restarts),
+                ("kvtier:sparse_reused_prompt_tokens", "Sparse-path prompt tokens loaded from the document KV store",
+                 sparse.reused_prompt_tokens),
+                ("kvtier:sparse_kv_store_read_bytes", "Bytes the sparse path read from the document KV store",
+                 sparse.kv_store_bytes_read)):
             yield CounterMetricFamily(name, doc, value=value)
 
 

@@ -4,6 +4,8 @@ The sparse path (`--kv sparse`) keeps a window of the KV on the device, a hot po
 and a cold pool on disk scored by the storage scorer process; it is built for one long sequence,
 so requests queue for a single worker thread. It runs on a model instance of its own, loaded on
 the first long request: the engine has installed its paged attention on the serving model.
+With a document KV store (`kvtier.store`), a prompt whose leading blocks were stored by an earlier
+request loads that prefix instead of prefilling it, and a new prompt is stored for the next one.
 While it decodes, the process runs one torch thread fewer (`kvtier.threads`: the scorer process
 needs a core), which slows the engine's concurrent steps as well: torch's thread count is global.
 """
@@ -24,8 +26,10 @@ from kvtier.kv.factory import KVConfig
 from kvtier.serve.sampler import Sampler
 from kvtier.serve.sequence import SamplingParams
 from kvtier.server.token_stream import TokenStream
+from kvtier.store.store import DocumentStore
 
 log = logging.getLogger(__name__)
+HEAD_TOKENS = 256
 
 
 @dataclass
@@ -37,13 +41,17 @@ class SparseCounters:
     requests: int = 0
     cold_read_bytes: int = 0
     scorer_restarts: int = 0
+    reused_prompt_tokens: int = 0
+    kv_store_bytes_read: int = 0
 
 
 class SparsePath:
     """A one-thread queue of long requests; `load_model()` gives the path's model on first use."""
 
-    def __init__(self, load_model: Callable[[], object], kv_config: KVConfig, eos_token_ids: set[int]) -> None:
+    def __init__(self, load_model: Callable[[], object], kv_config: KVConfig, eos_token_ids: set[int],
+                 store: DocumentStore | None = None) -> None:
         self.kv_config = kv_config.validated()
+        self.store = store
         self.counters = SparseCounters()
         self._load_model = load_model
         self._llm = None
@@ -83,7 +91,9 @@ class SparsePath:
             log.exception("sparse-path request failed")
             stream.finish("error", f"sparse path failed: {error}")
         else:
-            self._count(requests=1, cold_read_bytes=result.disk_bytes_read, scorer_restarts=result.scorer_restarts)
+            self._count(requests=1, cold_read_bytes=result.disk_bytes_read, scorer_restarts=result.scorer_restarts,
+                        reused_prompt_tokens=result.reused_prompt_tokens,
+                        kv_store_bytes_read=result.kv_store_bytes_read)
             stream.finish(self._finish_reason(result, stream))
         finally:
             self._count(running=-1)
@@ -97,8 +107,9 @@ class SparsePath:
             stream.push(token)
             return stream.cancelled
 
-        return generate(self._llm, "", sampling.max_new_tokens, self.kv_config, progress=False,
-                        input_ids=torch.tensor([prompt_ids]), on_token=on_token,
+        head = self._llm.tokenizer.decode(prompt_ids[:HEAD_TOKENS])  # the store describes entries by their start
+        return generate(self._llm, head, sampling.max_new_tokens, self.kv_config, progress=False,
+                        input_ids=torch.tensor([prompt_ids]), kv_store=self.store, on_token=on_token,
                         choose=lambda logits: sampler.choose(logits, [(0, sampling)])[0])
 
     def _finish_reason(self, result: GenerationResult, stream: TokenStream) -> str:
