@@ -21,8 +21,8 @@ def test_writes_a_cell_per_backend_and_client_count(tiny_model_dir, tmp_path):
     assert result["requests"] == {"1": 2, "4": 4}
     for cell in cells.values():
         assert len(cell["runs"]) == 2
-        assert cell["ratio"] == statistics.median(run["ratio"] for run in cell["runs"])
-        assert cell["ratio_spread"] == [min(run["ratio"] for run in cell["runs"]), max(r["ratio"] for r in cell["runs"])]
+        ratios = [run["ratio"] for run in cell["runs"]]
+        assert cell["ratio"] == statistics.median(ratios) and cell["ratio_spread"] == [min(ratios), max(ratios)]
         assert 0 < cell["ttft_p50_s"] <= cell["ttft_p99_s"] and 0 < cell["itl_p50_s"] <= cell["itl_p99_s"]
     assert cells[("flash", 4)]["swap_outs"] > 0  # three blocks of 16 tokens cannot hold four growing sequences
     markdown = (out / "http.md").read_text()

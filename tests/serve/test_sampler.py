@@ -1,7 +1,9 @@
 """Token choice: argmax at temperature 0, seeded temperature / top-p sampling otherwise."""
 
+import pytest
 import torch
 
+from kvtier.errors import ConfigError
 from kvtier.serve.sampler import Sampler
 from kvtier.serve.sequence import SamplingParams
 
@@ -38,3 +40,10 @@ def test_mixed_batches_sample_only_the_sampled_rows():
     logits = torch.tensor([[0.0, 9.0], [0.0, 0.0]])
     tokens = Sampler().choose(logits, [(0, GREEDY), (1, SamplingParams(temperature=1.0, seed=0))])
     assert tokens[0] == 1 and tokens[1] in (0, 1)
+
+
+@pytest.mark.parametrize("fields, message", [({"temperature": -0.5}, "temperature must be at least 0"),
+                                             ({"top_p": 0}, "top_p must be in"), ({"top_p": 1.5}, "top_p must be in")])
+def test_sampling_params_refuse_impossible_values(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        SamplingParams(**fields)

@@ -40,31 +40,29 @@ def engine_reference(llm, prompt: str, max_tokens: int):
 
 
 def test_chat_completion_is_the_engines_greedy_answer_with_usage(client, reference_llm):
-    llm = reference_llm
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
                                            max_tokens=12, temperature=0)
-    choice, expected = reply.choices[0], engine_reference(llm, QUESTION, 12)
+    choice, expected = reply.choices[0], engine_reference(reference_llm, QUESTION, 12)
     assert choice.message.role == "assistant"
     assert choice.message.content == expected.text
     assert "Paris" in choice.message.content
     assert choice.finish_reason == expected.finish_reason
-    prompt_tokens = len(llm.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}],
-                                                          add_generation_prompt=True, return_dict=False))
+    turn = [{"role": "user", "content": QUESTION}]
+    prompt_tokens = len(reference_llm.tokenizer.apply_chat_template(turn, add_generation_prompt=True,
+                                                                    return_dict=False))
     assert reply.usage.prompt_tokens == prompt_tokens
     assert reply.usage.completion_tokens == len(expected.token_ids)
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
 
 
 def test_completion_continues_raw_text_and_counts_tokens(client, reference_llm):
-    llm = reference_llm
     prompt = "The capital of France is"
     reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
-    ids = llm.tokenizer(prompt)["input_ids"]
-    expected = llm.model.generate(llm.tokenizer(prompt, return_tensors="pt")["input_ids"], max_new_tokens=6,
-                                  do_sample=False)[0, len(ids):].tolist()
-    assert reply.choices[0].text == llm.tokenizer.decode(expected, skip_special_tokens=True)
+    ids = reference_llm.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    expected = reference_llm.model.generate(ids, max_new_tokens=6, do_sample=False)[0, ids.shape[1]:].tolist()
+    assert reply.choices[0].text == reference_llm.tokenizer.decode(expected, skip_special_tokens=True)
     assert reply.choices[0].finish_reason == "length"
-    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), 6)
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (ids.shape[1], 6)
     assert reply.model == MODEL and reply.object == "text_completion"
 
 
@@ -106,15 +104,15 @@ def test_seeded_sampling_repeats_and_temperature_zero_is_greedy(client):
     assert len({ask(temperature=1.5, seed=seed) for seed in range(4)}) > 1
 
 
-def test_a_prompt_beyond_the_device_pool_is_served_on_the_sparse_path_reusing_the_stored_document(client, server, reference_llm):
-    llm = reference_llm
+def test_a_prompt_beyond_the_device_pool_is_served_on_the_sparse_path_reusing_the_stored_document(
+        client, server, reference_llm):
     backend = server[1]
     prompt = "The quick brown fox jumps over the lazy dog. " * 50  # ~500 tokens, the pool holds 384
     reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0)
-    ids = llm.tokenizer(prompt, return_tensors="pt")["input_ids"]
-    expected = llm.model.generate(ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1]:].tolist()
+    ids = reference_llm.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    expected = reference_llm.model.generate(ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1]:].tolist()
     assert reply.usage.prompt_tokens == ids.shape[1] > 24 * 16
-    assert reply.choices[0].text == llm.tokenizer.decode(expected, skip_special_tokens=True)
+    assert reply.choices[0].text == reference_llm.tokenizer.decode(expected, skip_special_tokens=True)
     assert backend.sparse.counters.requests == 1
     assert backend.sparse.counters.cold_read_bytes > 0  # its KV went through the disk tier
     assert backend.sparse.counters.reused_prompt_tokens == 0

@@ -63,7 +63,8 @@ async def stream_chat(client: openai.AsyncOpenAI, prompt: str, max_tokens: int, 
 def burst(url: str, leavers: int = 0):
     """All CLIENTS requests at once; the first `leavers` disconnect after two chunks."""
     async def run():
-        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=TIME_LIMIT_S) as client:
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                                      timeout=TIME_LIMIT_S) as client:
             return await asyncio.wait_for(asyncio.gather(*(
                 stream_chat(client, prompt, LEAVER_TOKENS, leave_after=2) if number < leavers
                 else stream_chat(client, prompt, NEW_TOKENS) for number, prompt in enumerate(PROMPTS))), TIME_LIMIT_S)

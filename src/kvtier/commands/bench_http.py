@@ -1,4 +1,4 @@
-"""`kvtier bench http`: `kvtier serve` under 1-64 concurrent streaming clients; writes bench/results/http.json and http.md.
+"""`kvtier bench http`: `kvtier serve` under 1-64 streaming clients; writes bench/results/http.json and http.md.
 
 Throughput, time to first token and inter-token latency (p50 / p99) per client count, flash vs
 DRAM swap in the same run, and the server's throughput as a share of the offline engine's on the
@@ -34,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--clients", default=",".join(map(str, CLIENT_LEVELS)),
                         help="concurrent client counts, comma-separated (default %(default)s)")
     parser.add_argument("--requests-per-client", type=int, default=1, help="requests per client (default %(default)s)")
-    parser.add_argument("--min-requests", type=int, default=8, help="requests of a level at least (default %(default)s)")
+    parser.add_argument("--min-requests", type=int, default=8,
+                        help="requests of a level at least (default %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=12, help="tokens per request (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=2, help="alternating repeats for medians (default %(default)s)")
     parser.add_argument("--block-tokens", type=int, default=16, help="engine block size (default %(default)s)")

@@ -2,8 +2,9 @@
 
 Requests are batched by the serving engine (the options of `kvtier batch`: swap to flash, DRAM or
 recompute); a prompt too long for the engine's device pool is served on the HillInfer sparse path,
-one at a time, reusing the prefill KV of documents stored by earlier requests (the document KV store). Binds to 127.0.0.1 unless --host says otherwise; --api-key (or KVTIER_API_KEY) makes
-every endpoint but /health require `Authorization: Bearer KEY`.
+one at a time, reusing the prefill KV of documents stored by earlier requests (the document KV
+store). Binds to 127.0.0.1 unless --host says otherwise; --api-key (or KVTIER_API_KEY) makes every
+endpoint but /health require `Authorization: Bearer KEY`.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     engine_config = engine_config_from(args)
     sparse_kv = KVConfig(kv="sparse", device_kv_budget=args.sparse_device_kv_budget,
                          host_kv_budget=args.sparse_host_kv_budget, storage_dir=args.storage_dir).validated()
-    settings = ServerSettings(args.served_model_name or args.model, args.api_key, args.default_max_tokens)
+    settings = ServerSettings(args.served_model_name or args.model, args.api_key or None, args.default_max_tokens)
     llm = load_model(args.model, dtype=args.dtype)
     sparse = None
     if args.sparse:
