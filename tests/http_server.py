@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,9 +38,10 @@ def running_server(llm, directory: Path, api_key: str | None = None, sparse: boo
         yield server, backend
 
 
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    """Every sample as {(name, sorted labels): value}."""
-    text = httpx.get(url + "/metrics").text
+def scrape(url: str, api_key: str | None = None) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    text = httpx.get(url + "/metrics", headers=headers).text
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
@@ -46,3 +49,16 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
 def moved(before: dict, after: dict, name: str, **labels: str) -> float:
     key = (name, tuple(sorted(labels.items())))
     return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def settled(url: str, api_key: str | None = None) -> dict:
+    """The metrics once no request is running, waiting or swapped (aborts land on the engine thread)."""
+    for _ in range(600):
+        now = scrape(url, api_key)
+        busy = sum(value for (name, _), value in now.items()
+                   if name in ("kvtier:num_requests_running", "kvtier:num_requests_waiting",
+                               "kvtier:num_requests_swapped"))
+        if busy == 0:
+            return now
+        time.sleep(0.1)
+    raise AssertionError("the server never went idle")

@@ -3,7 +3,7 @@
 import httpx
 import openai
 import pytest
-from http_server import MODEL, running_server
+from http_server import MODEL, moved, running_server, scrape, settled
 
 from kvtier.serve.engine import EngineConfig, LLMEngine
 from kvtier.serve.sequence import SamplingParams
@@ -120,6 +120,18 @@ def test_a_prompt_beyond_the_device_pool_is_served_on_the_sparse_path_reusing_th
     assert again.choices[0].text == reply.choices[0].text
     assert backend.sparse.counters.reused_prompt_tokens > 0  # the first request stored the document's KV
     assert backend.sparse.counters.kv_store_bytes_read > 0
+
+
+def test_a_client_that_gives_up_on_a_whole_answer_has_its_request_aborted(raw, server):
+    before = scrape(server[0].url, KEY)
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 300, "temperature": 0,
+            "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        raw.post("/v1/completions", json=body, timeout=0.5)  # the client closes the connection
+    after = settled(server[0].url, KEY)
+    assert moved(before, after, "kvtier:generation_tokens_total") < 300
+    assert moved(before, after, "kvtier:request_success_total", finished_reason="length") == 0
+    assert after[("kvtier:device_blocks_free", ())] == after[("kvtier:device_blocks_total", ())]
 
 
 def test_models_and_health(client, server):

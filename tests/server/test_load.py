@@ -9,7 +9,7 @@ import asyncio
 
 import openai
 import pytest
-from http_server import MODEL, moved, running_server, scrape
+from http_server import MODEL, moved, running_server, scrape, settled
 
 from kvtier.serve.engine import EngineConfig, LLMEngine
 from kvtier.serve.sequence import SamplingParams
@@ -27,19 +27,19 @@ PROMPTS = [f"In one short sentence, what is special about the number {number}?" 
 
 
 @pytest.fixture(scope="module")
-def server(llm, tmp_path_factory):
-    with running_server(llm, tmp_path_factory.mktemp("load"), **ENGINE) as (thread, _):
-        yield thread
+def offline(llm, tmp_path_factory):
+    """The offline engine's greedy texts for PROMPTS under the same pool and swap settings (before any server)."""
+    config = EngineConfig(block_tokens=16, io_threads=2, flash_path=str(tmp_path_factory.mktemp("offline") / "f.kvc"),
+                          **ENGINE)
+    with LLMEngine.from_llm(llm, config) as engine:
+        outputs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True))
+    return [output.text for output in outputs]
 
 
 @pytest.fixture(scope="module")
-def offline(reference_llm, tmp_path_factory):
-    """The offline engine's greedy texts for PROMPTS under the same pool and swap settings."""
-    config = EngineConfig(block_tokens=16, io_threads=2, flash_path=str(tmp_path_factory.mktemp("offline") / "f.kvc"),
-                          **ENGINE)
-    with LLMEngine.from_llm(reference_llm, config) as engine:
-        outputs = engine.generate(PROMPTS, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True))
-    return [output.text for output in outputs]
+def server(llm, offline, tmp_path_factory):
+    with running_server(llm, tmp_path_factory.mktemp("load"), **ENGINE) as (thread, _):
+        yield thread
 
 
 async def stream_chat(client: openai.AsyncOpenAI, prompt: str, max_tokens: int, leave_after: int | None = None):
@@ -72,19 +72,6 @@ def burst(url: str, leavers: int = 0):
     return asyncio.run(run())
 
 
-async def settled(url: str) -> dict:
-    """The metrics once no request is running, waiting or swapped (aborts land on the engine thread)."""
-    for _ in range(600):
-        now = scrape(url)
-        busy = sum(value for (name, _), value in now.items()
-                   if name in ("kvtier:num_requests_running", "kvtier:num_requests_waiting",
-                               "kvtier:num_requests_swapped"))
-        if busy == 0:
-            return now
-        await asyncio.sleep(0.1)
-    raise AssertionError("the server never went idle")
-
-
 def assert_nothing_held(metrics: dict) -> None:
     assert metrics[("kvtier:device_blocks_free", ())] == metrics[("kvtier:device_blocks_total", ())] == 16
     assert metrics[("kvtier:swap_slots_used", ())] == 0
@@ -93,7 +80,7 @@ def assert_nothing_held(metrics: dict) -> None:
 def test_64_concurrent_streams_complete_once_with_the_offline_engines_outputs(server, offline):
     before = scrape(server.url)
     results = burst(server.url)
-    after = asyncio.run(settled(server.url))
+    after = settled(server.url)
     ids = [next(iter(chunk_ids)) for chunk_ids, *_ in results]
     assert all(len(chunk_ids) == 1 for chunk_ids, *_ in results) and len(set(ids)) == CLIENTS  # none mixed up
     assert [reasons for _, _, reasons, _ in results] == [["length"]] * CLIENTS  # each finished exactly once
@@ -108,7 +95,7 @@ def test_64_concurrent_streams_complete_once_with_the_offline_engines_outputs(se
 def test_clients_that_disconnect_mid_stream_are_aborted_and_leak_nothing(server, offline):
     before = scrape(server.url)
     results = burst(server.url, leavers=LEAVING)
-    after = asyncio.run(settled(server.url))
+    after = settled(server.url)
     stayed = results[LEAVING:]
     assert [text for _, text, _, _ in stayed] == offline[LEAVING:]
     assert all(reasons == [] for _, _, reasons, _ in results[:LEAVING])
