@@ -81,3 +81,13 @@ def test_sparse_decodes_leaving_a_core_to_its_scorer_and_restores_the_thread_cou
                     on_text=lambda _: seen.append(torch.get_num_threads()))
     assert seen and set(seen) == {decode_threads("sparse")}
     assert torch.get_num_threads() == before
+
+
+def test_on_token_sees_every_token_and_can_end_early_and_choose_replaces_argmax(smollm2, prompt, reference):
+    text, _ = prompt
+    seen = []
+    result = kvtier.generate(smollm2, text, NEW_TOKENS, progress=False,
+                             on_token=lambda token: seen.append(token) or len(seen) == 5)
+    assert seen == result.token_ids == reference[:5]
+    forced = kvtier.generate(smollm2, text, 3, progress=False, choose=lambda logits: 42)
+    assert forced.token_ids == [42, 42, 42]

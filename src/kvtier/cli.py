@@ -1,5 +1,5 @@
-"""`kvtier` command line: generate | demo | batch | store | models | cost |
-bench {sparse,serve,accuracy,latency,report,store,vllm-tier}.
+"""`kvtier` command line: generate | demo | batch | serve | store | models | cost |
+bench {sparse,serve,http,accuracy,latency,report,store,vllm-tier}.
 
 Every user-caused error (KvtierError) is printed as one line on stderr with a
 non-zero exit code and no traceback.
@@ -16,9 +16,9 @@ from kvtier.errors import KvtierError
 # being run is imported (as pip does): most commands pull in torch and transformers, 30-60 s on a
 # 2-core machine, which `kvtier models` and `kvtier cost` do not need. Help and unknown commands
 # import all of them, so argparse can list every choice.
-COMMANDS = {name: f"kvtier.commands.{name}" for name in ("generate", "demo", "batch", "models", "cost", "store")}
+COMMANDS = {name: f"kvtier.commands.{name}" for name in ("generate", "demo", "batch", "serve", "models", "cost", "store")}
 BENCH_COMMANDS = {name: f"kvtier.commands.bench_{name.replace('-', '_')}"
-                  for name in ("sparse", "serve", "accuracy", "latency", "report", "store", "vllm-tier")}
+                  for name in ("sparse", "serve", "http", "accuracy", "latency", "report", "store", "vllm-tier")}
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

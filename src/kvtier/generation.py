@@ -9,7 +9,7 @@ import torch
 from tqdm import tqdm
 
 from kvtier.errors import ContextTooLongError
-from kvtier.kv.factory import KVConfig, close_cache, disk_bytes, make_cache, place_prompt, tier_bytes
+from kvtier.kv.factory import KVConfig, close_cache, disk_bytes, make_cache, place_prompt, scorer_restarts, tier_bytes
 from kvtier.store.entry import CorruptEntry, EntryWriter
 from kvtier.store.reuse import PromptReuse
 from kvtier.store.store import DocumentStore
@@ -34,6 +34,7 @@ class GenerationResult:
     reused_prompt_tokens: int = 0  # loaded from the document KV store instead of prefilled
     kv_store_bytes_read: int = 0
     ttft_s: float = 0.0  # from the request (model loaded) to the first new token, store lookup included
+    scorer_restarts: int = 0  # sparse mode: times the storage scorer process was restarted
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -87,10 +88,14 @@ def generate(
     progress: bool = True,
     input_ids: torch.Tensor | None = None,
     kv_store: DocumentStore | None = None,
+    on_token: Callable[[int], bool] | None = None,
+    choose: Callable[[torch.Tensor], int] | None = None,
 ) -> GenerationResult:
-    """Greedy-decode up to `max_new_tokens` tokens after `prompt` (or after explicit `input_ids`).
+    """Decode up to `max_new_tokens` tokens after `prompt` (or after explicit `input_ids`), greedily by default.
 
-    `on_text` receives each new piece of decoded text as it is produced. With a `kv_store`, the
+    `on_text` receives each new piece of decoded text as it is produced; `on_token` receives each
+    new token id and ends the generation early by returning True (a server's client went away).
+    `choose` picks the next token from the last position's logits [1, vocab] (default: argmax). With a `kv_store`, the
     prompt's longest stored prefix is loaded instead of computed, and a new document is stored
     (kvtier.store.reuse).
     """
@@ -107,10 +112,12 @@ def generate(
             with decoding(kv_config.kv):  # sparse: a core for the scorer process
                 place_prompt(cache)  # under the decode's threads: the sparse path calibrates APP there
                 prefilled = time.perf_counter()
-                new_ids, first_token_at = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text)
+                new_ids, first_token_at = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text,
+                                                   on_token, choose)
             finished = time.perf_counter()
             kv_bytes = tier_bytes(cache, model)
             read, written = disk_bytes(cache)
+            restarts = scorer_restarts(cache)
         finally:
             if reuse is not None:
                 reuse.publish(prompt_in.writer)
@@ -131,6 +138,7 @@ def generate(
         reused_prompt_tokens=prompt_in.reused,
         kv_store_bytes_read=reuse.bytes_read if reuse is not None else 0,
         ttft_s=first_token_at - requested,
+        scorer_restarts=restarts,
     )
 
 
@@ -172,14 +180,15 @@ class _PromptIn:
             raise
 
 
-def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer, on_text) -> tuple[list[int], float]:
-    """Greedy loop; stops at an end-of-sequence token (kept in the ids, as transformers does). Returns the ids and
+def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer, on_text, on_token,
+            choose) -> tuple[list[int], float]:
+    """Decode loop; stops at an end-of-sequence token (kept in the ids, as transformers does). Returns the ids and
     when the first one was known."""
     new_ids: list[int] = []
     shown = ""
     first_token_at = 0.0
     for _ in range(max_new_tokens):
-        token = int(logits.argmax(dim=-1)[0])
+        token = int(logits.argmax(dim=-1)[0]) if choose is None else choose(logits)
         new_ids.append(token)
         first_token_at = first_token_at or time.perf_counter()
         if on_text is not None:
@@ -187,7 +196,8 @@ def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer,
             if text.startswith(shown) and len(text) > len(shown):
                 on_text(text[len(shown) :])
                 shown = text
-        if token in eos or len(new_ids) == max_new_tokens:
+        stopped = on_token is not None and on_token(token)
+        if token in eos or len(new_ids) == max_new_tokens or stopped:
             break
         step = torch.tensor([[token]], device=model.device)
         logits = model(input_ids=step, cache=cache, use_cache=True).logits[:, -1, :]

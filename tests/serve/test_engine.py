@@ -112,3 +112,50 @@ def test_sliding_window_layers_stay_correct(tiny_gemma3, run_engine, short_promp
         expected = tiny_gemma3.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24,
                                         do_sample=False)[0, len(prompt):].tolist()
         assert output == expected
+
+
+def test_step_events_report_every_token_of_every_request_once(tiny_llama, short_prompts, reference):
+    with LLMEngine(tiny_llama, EngineConfig(block_tokens=BLOCK, max_batched_tokens=64, io_threads=2,
+                                            swap="dram", **PRESSURE)) as engine:
+        ids = [engine.add_request(prompt, LONG) for prompt in short_prompts]
+        streamed: dict[int, list[int]] = {request_id: [] for request_id in ids}
+        finished = {}
+        while engine.has_unfinished():
+            for event in engine.step_events():
+                streamed[event.request_id].append(event.token_id)
+                if event.output is not None:
+                    finished[event.request_id] = event.output.token_ids
+    assert [streamed[request_id] for request_id in ids] == [finished[request_id] for request_id in ids] == reference
+
+
+@pytest.mark.parametrize("swap", ["flash", "dram"])
+def test_aborting_requests_in_every_state_frees_their_blocks_and_slots(tiny_llama, short_prompts, swap, flash_path):
+    config = EngineConfig(block_tokens=BLOCK, max_batched_tokens=64, segment_slots=4, io_threads=2, swap=swap,
+                          flash_path=flash_path, **PRESSURE)
+    with LLMEngine(tiny_llama, config) as engine:
+        ids = [engine.add_request(prompt, LONG) for prompt in short_prompts]
+        aborted: dict[str, int] = {}
+        while engine.has_unfinished() and len(aborted) < 4:
+            engine.step()
+            for seq in list(engine._sequences.values()):
+                state = seq.status.value
+                if state not in aborted:
+                    aborted[state] = seq.request_id
+                    output = engine.abort(seq.request_id)
+                    assert output.finish_reason == "abort" and output.token_ids == seq.output_ids
+        assert set(aborted) == {"waiting", "running", "swapping_out", "swapped"}
+        assert engine.abort(aborted["running"]) is None  # a second abort is a no-op
+        finished = []
+        while engine.has_unfinished():
+            finished += engine.step()
+        assert sorted([output.request_id for output in finished] + list(aborted.values())) == ids
+        assert engine.block_manager.num_free == engine.block_manager.num_blocks
+        assert engine.swap.allocator.live == 0
+
+
+def test_a_seeded_sampled_request_repeats_and_differs_from_greedy(tiny_llama, short_prompts, reference, run_engine):
+    sampled = SamplingParams(max_new_tokens=60, ignore_eos=True, temperature=1.5, top_p=0.9, seed=7)
+    first, _ = run_engine(tiny_llama, short_prompts[:2], sampled, device_blocks=64, swap="recompute")
+    again, _ = run_engine(tiny_llama, short_prompts[:2], sampled, device_blocks=64, swap="recompute")
+    assert first == again
+    assert first != reference[:2]

@@ -178,6 +178,12 @@ def disk_bytes(cache: Cache) -> tuple[int, int]:
     return stats.bytes_read, stats.bytes_written
 
 
+def scorer_restarts(cache: Cache) -> int:
+    """Times the sparse cache's storage scorer process was restarted; 0 for caches without one."""
+    scorer = getattr(getattr(cache, "runtime", None), "scorer", None)
+    return getattr(scorer, "restarts", 0)
+
+
 def tier_bytes(cache: Cache, model) -> dict[str, int]:
     """Bytes of K+V currently held in each tier, over all layers and sequences."""
     totals = {"device": 0, "host": 0, "storage": 0}

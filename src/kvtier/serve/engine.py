@@ -8,7 +8,10 @@ backend chosen by `EngineConfig.swap`:
     dram       baseline: swap to a host-DRAM pool of the same slot count (vLLM swap space)
     recompute  baseline: drop a victim's KV and recompute it when resumed
 
-Decoding is greedy. A request whose swapped KV fails its checksum is recomputed
+Decoding is greedy unless a request's `SamplingParams` set a temperature
+(sampler.py). `step_events` reports every token as it is generated (a server
+streams them); `abort` ends a request early and frees its device blocks and swap
+slots. A request whose swapped KV fails its checksum is recomputed
 from its tokens (the output is unchanged) and the error is kept in its
 `warnings`, so a damaged flash file costs time, never a wrong answer.
 """
@@ -33,6 +36,7 @@ from kvtier.serve.flash_swap import FlashSwap
 from kvtier.serve.gds_swap import GdsFlashSwap
 from kvtier.serve.kv_pool import KVPool
 from kvtier.serve.model_runner import ModelRunner
+from kvtier.serve.sampler import Sampler
 from kvtier.serve.scheduler import Scheduler
 from kvtier.serve.sequence import SamplingParams, Sequence
 from kvtier.serve.swap import SwapBackend
@@ -68,6 +72,15 @@ class EngineConfig:
             raise ConfigError(f"io_threads must be at least 1, got {self.io_threads}")
         parse_size(self.device_kv_budget), parse_size(self.swap_space)
         return self
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One token generated for a request in a step; `output` is set when that token finished it."""
+
+    request_id: int
+    token_id: int
+    output: RequestOutput | None = None
 
 
 @dataclass
@@ -107,6 +120,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, self.swap, self.config.max_num_seqs,
                                    self.config.max_batched_tokens)
         self.runner = ModelRunner(model, self.pool)
+        self.sampler = Sampler()
         self._sequences: dict[int, Sequence] = {}
         self._next_id = 0
         self.forward_tokens = 0
@@ -136,24 +150,42 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward, append the sampled tokens; return the requests that finished."""
+        return [event.output for event in self.step_events() if event.output is not None]
+
+    def step_events(self) -> list[TokenEvent]:
+        """Like `step`, but report every token generated in this step, in batch order."""
         chunks = self.scheduler.schedule()
         if not chunks:
             return []
-        tokens = iter(self.runner.run(chunks))
+        completing = [chunk.seq for chunk in chunks if chunk.completes]
+        logits = self.runner.run(chunks)
+        tokens = self.sampler.choose(logits, [(seq.request_id, seq.sampling) for seq in completing])
         self.forward_tokens += sum(chunk.num_tokens for chunk in chunks)
-        finished = []
         for chunk in chunks:
-            seq = chunk.seq
-            completes = chunk.completes
-            seq.num_computed += chunk.num_tokens
-            if completes:
-                seq.output_ids.append(next(tokens))
-                reason = self._finish_reason(seq)
-                if reason:
-                    seq.finish_reason = reason
-                    self.scheduler.finish(seq)
-                    finished.append(self._output(self._sequences.pop(seq.request_id)))
-        return finished
+            chunk.seq.num_computed += chunk.num_tokens
+        events = []
+        for seq, token in zip(completing, tokens):
+            seq.output_ids.append(token)
+            reason = self._finish_reason(seq)
+            output = None
+            if reason:
+                seq.finish_reason = reason
+                self.scheduler.finish(seq)
+                output = self._end(seq.request_id)
+            events.append(TokenEvent(seq.request_id, token, output))
+        return events
+
+    def abort(self, request_id: int) -> RequestOutput | None:
+        """End an unfinished request now (finish reason "abort"), freeing its blocks and swap slots.
+
+        Returns its output so far, or None when it already finished (or never existed).
+        """
+        seq = self._sequences.get(request_id)
+        if seq is None:
+            return None
+        self.scheduler.abort(seq)
+        seq.finish_reason = "abort"
+        return self._end(request_id)
 
     def generate(self, prompts: Iterable[str | list[int]], sampling: SamplingParams | None = None,
                  progress: Callable[[RequestOutput], None] | None = None) -> list[RequestOutput]:
@@ -205,6 +237,10 @@ class LLMEngine:
         if not ids:
             raise ConfigError("empty prompt: give at least one token")
         return ids
+
+    def _end(self, request_id: int) -> RequestOutput:
+        self.sampler.forget(request_id)
+        return self._output(self._sequences.pop(request_id))
 
     def _finish_reason(self, seq: Sequence) -> str | None:
         if not seq.sampling.ignore_eos and seq.output_ids[-1] in self.eos_token_ids:

@@ -1,4 +1,4 @@
-"""Runs one engine step through the real model: packs the scheduled tokens, stores their KV, samples greedily.
+"""Runs one engine step through the real model: packs the scheduled tokens, stores their KV, returns logits.
 
 The scheduler decides *which* tokens run; this module turns that into one
 forward: input ids and positions packed as [1, N], each token's pool slot
@@ -44,8 +44,8 @@ class ModelRunner:
         self.model.set_attn_implementation(self._previous_attention)
 
     @torch.inference_mode()
-    def run(self, chunks: list[ScheduledChunk]) -> list[int]:
-        """Forward the chunks; return the greedy next token of each completing chunk, in order."""
+    def run(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Forward the chunks; return the last-position logits [n, vocab] of the n completing chunks, in order."""
         ids, positions, blocks, offsets, segments, sample_rows = [], [], [], [], [], []
         start = 0
         block_tokens = self.pool.block_tokens
@@ -65,7 +65,7 @@ class ModelRunner:
         batch = PagedBatch(self.pool, self._long(blocks), self._long(offsets), tuple(segments))
         logits = self.model(input_ids=self._long(ids)[None], position_ids=self._long(positions)[None],
                             use_cache=False, paged_batch=batch, logits_to_keep=self._long(sample_rows)).logits
-        return logits[0].argmax(dim=-1).tolist() if sample_rows else []
+        return logits[0]
 
     def _long(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -104,6 +104,25 @@ class Scheduler:
         self._last_run.pop(seq.request_id, None)
         seq.status = Status.FINISHED
 
+    def abort(self, seq: Sequence) -> None:
+        """Take `seq` out of whichever queue holds it and free its device blocks and swap slots."""
+        if seq.status is Status.SWAPPING_OUT:  # its write reads the blocks: let it land, then drop both
+            pending = next(p for s, p in self.swapping_out if s is seq)
+            self.swapping_out = [(s, p) for s, p in self.swapping_out if s is not seq]
+            pending.future.exception()
+            self.swap.discard(pending.slots)
+        elif seq.status is Status.SWAPPED:
+            self.swapped.remove(seq)
+            self.swap.discard(seq.swap_slots)
+            seq.swap_slots = []
+        elif seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.blocks.release(seq)
+        self._last_run.pop(seq.request_id, None)
+        seq.status = Status.FINISHED
+
     def close(self) -> None:
         """Wait for swap-outs in flight (their writes read pool memory)."""
         for _, pending in self.swapping_out:

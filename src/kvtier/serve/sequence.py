@@ -10,6 +10,8 @@ A sequence moves through these states (scheduler.py drives every transition):
     RUNNING --> SWAPPING_OUT --write done--> SWAPPED
                   (blocks still pinned on the device while the write is in flight)
 
+    any state --abort--> FINISHED (finish_reason "abort"; its device blocks and swap slots freed)
+
 `num_computed` counts the leading tokens whose K/V sit in the device pool. A
 prefill runs the not-yet-computed tokens in chunks; a decode step runs exactly
 one token (the last one sampled). Recompute sets `num_computed` back to 0 and
@@ -34,16 +36,32 @@ class Status(enum.Enum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Greedy decoding limits. Higher `priority` is preempted later (ties: least recently run first)."""
+    """Decoding limits and sampling. Higher `priority` is preempted later (ties: least recently run first).
+
+    `temperature` 0 is greedy (argmax); above 0 the next token is drawn from the softmax of the
+    logits over `temperature`, restricted to the smallest set of tokens whose probability reaches
+    `top_p`, with a per-request generator seeded by `seed` (random when None).
+    """
 
     max_new_tokens: int = 64
     priority: int = 0
     ignore_eos: bool = False
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
                 or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not self.temperature >= 0:
+            raise ConfigError(f"temperature must be at least 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 @dataclass

@@ -1,0 +1,118 @@
+"""`kvtier bench http`: `kvtier serve` under 1-64 streaming clients; writes bench/results/http.json and http.md.
+
+Throughput, time to first token and inter-token latency (p50 / p99) per client count, flash vs
+DRAM swap in the same run, and the server's throughput as a share of the offline engine's on the
+same prompts (kvtier.server.bench explains the method). The device pool is small enough that the
+higher client counts swap. Prompts are short generated sentences; every request asks for
+--new-tokens tokens with ignore_eos, so every run generates the same number of tokens.
+
+`add_parser` takes the sub-command group of `kvtier bench` (it adds `http` to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvtier.commands.bench_options import check_writable
+from kvtier.commands.kv_options import add_dtype_option, add_model_option
+from kvtier.errors import ConfigError
+from kvtier.models.loader import load_model
+from kvtier.models.paths import cache_dir
+from kvtier.serve.engine import EngineConfig
+from kvtier.server.bench import CLIENT_LEVELS, requests_for, run_http_benchmark
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("http", help="the HTTP server under concurrent clients vs the offline engine",
+                                   description=__doc__.split("\n\n")[1])
+    add_model_option(parser)
+    add_dtype_option(parser)
+    parser.add_argument("--clients", default=",".join(map(str, CLIENT_LEVELS)),
+                        help="concurrent client counts, comma-separated (default %(default)s)")
+    parser.add_argument("--requests-per-client", type=int, default=1, help="requests per client (default %(default)s)")
+    parser.add_argument("--min-requests", type=int, default=8,
+                        help="requests of a level at least (default %(default)s)")
+    parser.add_argument("--new-tokens", type=int, default=12, help="tokens per request (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=2, help="alternating repeats for medians (default %(default)s)")
+    parser.add_argument("--block-tokens", type=int, default=16, help="engine block size (default %(default)s)")
+    parser.add_argument("--device-blocks", type=int, default=48,
+                        help="device pool blocks, small enough to swap at the higher levels (default %(default)s)")
+    parser.add_argument("--swap-space", default="256MiB", help="flash file / DRAM pool size (default %(default)s)")
+    parser.add_argument("--flash-dir", type=Path, default=None,
+                        help="directory for the flash cache files (default: <user cache>/kvtier/kv)")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def prompts(count: int) -> list[str]:
+    """Short distinct prompts, the same every run."""
+    topics = ["rivers", "bridges", "owls", "clocks", "volcanoes", "libraries", "comets", "violins"]
+    return [f"Here is a short note about {topics[i % len(topics)]}, number {i}:" for i in range(count)]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        levels = tuple(int(value) for value in args.clients.split(",") if value.strip())
+    except ValueError:
+        raise ConfigError(f"--clients wants comma-separated integers, got {args.clients!r}") from None
+    if not levels or min(levels) < 1 or min(args.new_tokens, args.repeats, args.requests_per_client) < 1:
+        raise ConfigError("--clients, --new-tokens, --repeats and --requests-per-client must be positive")
+    check_writable(args.out)
+    flash_dir = args.flash_dir or cache_dir() / "kv"
+    flash_dir.mkdir(parents=True, exist_ok=True)
+    config = EngineConfig(block_tokens=args.block_tokens, device_blocks=args.device_blocks,
+                          swap_space=args.swap_space, flash_path=str(flash_dir / "bench-http.kvc"),
+                          max_num_seqs=max(levels)).validated()
+    llm = load_model(args.model, dtype=args.dtype)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    count = requests_for(max(levels), args.requests_per_client, args.min_requests)
+    result = run_http_benchmark(llm, prompts(count), config, levels, args.requests_per_client, args.min_requests,
+                                args.new_tokens, args.repeats, say)
+    result = {"model": llm.name, "dtype": args.dtype,
+              "command": command_line(args)} | result
+    (args.out / "http.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "http.md").write_text(render_markdown(result))
+    say(f"wrote {args.out / 'http.json'} and http.md")
+    return 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The run's settings as the command that repeats it (the flash directory aside)."""
+    return (f"kvtier bench http --model {args.model} --dtype {args.dtype} --clients {args.clients} "
+            f"--requests-per-client {args.requests_per_client} --min-requests {args.min_requests} "
+            f"--new-tokens {args.new_tokens} --repeats {args.repeats} --block-tokens {args.block_tokens} "
+            f"--device-blocks {args.device_blocks} --swap-space {args.swap_space}")
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """The benchmark as one table per backend plus the method in two lines."""
+    engine = result["engine"]
+    lines = [f"# HTTP server benchmark: {result['model']}", "",
+             f"`{result['command']}`", "",
+             f"Each request streams {result['new_tokens']} tokens (ignore_eos) through /v1/completions; requests "
+             f"per level {', '.join(f'{c}: {n}' for c, n in result['requests'].items())}; device pool "
+             f"{engine['device_blocks']} blocks of {engine['block_tokens']} tokens; medians of {result['repeats']} "
+             "alternating repeats, spread (min-max) in brackets. Offline: the same prompts through the engine "
+             "with max_num_seqs = clients.", ""]
+    for backend in result["backends"]:
+        lines += [f"## {backend} swap", "",
+                  "| clients | server tok/s | offline tok/s | server / offline | TTFT p50 ms | TTFT p99 ms "
+                  "| ITL p50 ms | ITL p99 ms | swap-outs |", "|---|---|---|---|---|---|---|---|---|"]
+        for cell in (c for c in result["cells"] if c["backend"] == backend):
+            lines.append(f"| {cell['clients']} | {_spread(cell, 'server_tokens_per_s')} | "
+                         f"{_spread(cell, 'offline_tokens_per_s')} | {_spread(cell, 'ratio', 3)} | "
+                         f"{_spread(cell, 'ttft_p50_s', 0, 1000)} | {_spread(cell, 'ttft_p99_s', 0, 1000)} | "
+                         f"{_spread(cell, 'itl_p50_s', 0, 1000)} | {_spread(cell, 'itl_p99_s', 0, 1000)} | "
+                         f"{cell['swap_outs']:.0f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _spread(cell: dict[str, Any], name: str, digits: int = 1, scale: float = 1.0) -> str:
+    low, high = cell[f"{name}_spread"]
+    return f"{cell[name] * scale:.{digits}f} [{low * scale:.{digits}f}-{high * scale:.{digits}f}]"

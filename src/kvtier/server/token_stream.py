@@ -1,0 +1,69 @@
+"""A request's tokens handed from the thread that generates them to the asyncio task that answers it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last item of a stream: why generation ended, and the error message when it failed."""
+
+    reason: str  # "stop", "length", "abort" or "error"
+    error: str | None = None
+
+
+class TokenStream:
+    """Token ids (then one `Finished`) pushed from any thread, awaited on the event loop that made it.
+
+    `cancel()` (the client went away, or a stop string matched) is seen by the producing thread
+    through `cancelled`; it then stops generating and pushes `Finished("abort")`.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[int | Finished] = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self.request_id: int | None = None  # the engine's id, set on the engine thread
+
+    def push(self, token_id: int) -> None:
+        self._put(token_id)
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        self._put(Finished(reason, error))
+
+    async def get(self) -> int | Finished:
+        return await self._queue.get()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def _put(self, item: int | Finished) -> None:
+        deliver([(self, item)])
+
+
+def deliver(items: list[tuple[TokenStream, int | Finished]]) -> None:
+    """Hand many items to their streams with one wake-up per event loop.
+
+    An engine step yields a token for every running request; waking the event loop once per token
+    made the loop thread compete with the engine thread for the interpreter 64 times a step.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TokenStream, int | Finished]]] = {}
+    for stream, item in items:
+        by_loop.setdefault(stream._loop, []).append((stream, item))
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # the event loop already closed (server shut down): nobody is listening
+            pass
+
+
+def _put_all(batch: list[tuple[TokenStream, int | Finished]]) -> None:
+    for stream, item in batch:
+        stream._queue.put_nowait(item)

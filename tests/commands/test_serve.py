@@ -1,0 +1,87 @@
+"""`kvtier serve` as a process: it starts on loopback, and SIGTERM lets in-flight requests finish."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from kvtier.models.loader import load_model
+from kvtier.serve.engine import EngineConfig, LLMEngine
+
+ENGINE_ARGS = ["--block-tokens", "16", "--device-kv-budget", "1MiB", "--swap", "flash", "--swap-space", "4MiB",
+               "--io-threads", "2"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def server(tiny_model_dir, tmp_path):
+    port = free_port()
+    flash = tmp_path / "flash.kvc"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvtier.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+         "--api-key", "k", "--flash-path", str(flash), "--no-sparse", *ENGINE_ARGS,
+         "--graceful-shutdown", "600"],  # on a loaded machine the stream may need long; it must not be cut
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ | {"KVTIER_API_KEY": ""})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300  # importing torch in a fresh process is slow on a loaded machine
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"kvtier serve did not start: {process.communicate()[1][-2000:]}")
+        time.sleep(0.2)
+    yield process, url, flash
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_sigterm_finishes_the_stream_in_flight_and_leaves_the_flash_file_reusable(server, tiny_model_dir):
+    process, url, flash = server
+    body = {"model": str(tiny_model_dir), "prompt": "the sea light", "max_tokens": 40, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    lines = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": "Bearer k"},
+                      timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line:
+                lines.append(line)
+            if len(lines) == 1:
+                process.send_signal(signal.SIGTERM)
+    assert lines[-1] == "data: [DONE]"
+    usage = json.loads(lines[-2].removeprefix("data: "))["usage"]
+    assert usage["completion_tokens"] == 40  # the request in flight was finished, not cut
+    _, stderr = process.communicate(timeout=120)
+    # uvicorn shuts down cleanly, then re-raises the signal it caught, so the exit status reports SIGTERM.
+    assert process.returncode == -signal.SIGTERM, stderr[-2000:]
+    assert "Application shutdown complete" in stderr and "Traceback" not in stderr
+    with pytest.raises(httpx.TransportError):
+        httpx.get(url + "/health")
+    # Closed consistently: an engine with the same settings reuses the file instead of recreating it.
+    config = EngineConfig(block_tokens=16, device_kv_budget="1MiB", swap="flash", swap_space="4MiB",
+                          flash_path=str(flash), io_threads=2)
+    with LLMEngine.from_llm(load_model(str(tiny_model_dir)), config) as engine:
+        assert engine.swap.reused
+
+
+def test_bad_options_fail_in_one_line_before_loading_a_model():
+    result = subprocess.run([sys.executable, "-m", "kvtier.cli", "serve", "--port", "70000"], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "kvtier: error: --port must be 0-65535, got 70000"

@@ -1,0 +1,64 @@
+"""A real server for the server tests and the load test: smollm2-135m behind uvicorn on 127.0.0.1, on a thread."""
+
+from __future__ import annotations
+
+import time
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvtier.kv.factory import KVConfig
+from kvtier.serve.engine import EngineConfig
+from kvtier.server.app import create_app
+from kvtier.server.backend import Backend, ServerSettings, SparseSetup, build_backend
+from kvtier.server.runner import ServerThread
+from kvtier.store.store import DocumentStore
+
+MODEL = "smollm2-135m"
+
+
+@contextmanager
+def running_server(llm, directory: Path, api_key: str | None = None, sparse: bool = False,
+                   **engine: object) -> Iterator[tuple[ServerThread, Backend]]:
+    """Serve `llm` with `engine` (EngineConfig fields; flash file under `directory`) until the block ends."""
+    from kvtier.models.loader import load_model
+
+    config = EngineConfig(**({"block_tokens": 16, "io_threads": 2, "flash_path": str(directory / "flash.kvc")}
+                             | engine))
+    sparse_path = None
+    if sparse:  # small budgets, so a few hundred tokens already reach the cold pool on disk
+        kv = KVConfig(kv="sparse", device_kv_budget="8MiB", host_kv_budget="4MiB", storage_dir=str(directory))
+        sparse_path = SparseSetup(kv, lambda: load_model(MODEL), DocumentStore(directory / "store"))
+    backend = build_backend(llm, config, ServerSettings(MODEL, api_key), sparse_path)
+    with ServerThread(create_app(backend)) as server:
+        yield server, backend
+
+
+def scrape(url: str, api_key: str | None = None) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    text = httpx.get(url + "/metrics", headers=headers).text
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def moved(before: dict, after: dict, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def settled(url: str, api_key: str | None = None) -> dict:
+    """The metrics once no request is running, waiting or swapped (aborts land on the engine thread)."""
+    for _ in range(600):
+        now = scrape(url, api_key)
+        busy = sum(value for (name, _), value in now.items()
+                   if name in ("kvtier:num_requests_running", "kvtier:num_requests_waiting",
+                               "kvtier:num_requests_swapped"))
+        if busy == 0:
+            return now
+        time.sleep(0.1)
+    raise AssertionError("the server never went idle")
