@@ -22,6 +22,14 @@ def engine(model, tmp_path) -> LLMEngine:
                                          flash_path=str(tmp_path / "f.kvc"), **PRESSURE))
 
 
+def submit_all(loop: EngineLoop, prompts) -> list[TokenStream]:
+    """One stream per prompt, each submitted to `loop` (called inside the running event loop)."""
+    streams = [TokenStream(asyncio.get_running_loop()) for _ in prompts]
+    for prompt, stream in zip(prompts, streams):
+        loop.submit(prompt, LONG, stream)
+    return streams
+
+
 async def drain(stream: TokenStream) -> tuple[list[int], Finished]:
     tokens = []
     while not isinstance(item := await stream.get(), Finished):
@@ -37,9 +45,7 @@ def test_streams_get_every_token_then_the_finish_reason(model, tmp_path):
     loop = EngineLoop(served)
 
     async def run():
-        streams = [TokenStream(asyncio.get_running_loop()) for _ in prompts]
-        for prompt, stream in zip(prompts, streams):
-            loop.submit(prompt, LONG, stream)
+        streams = submit_all(loop, prompts)
         return await asyncio.gather(*(drain(stream) for stream in streams))
 
     try:
@@ -58,9 +64,7 @@ def test_an_aborted_stream_ends_with_abort_and_stop_fails_the_rest(model, tmp_pa
     loop = EngineLoop(served)
 
     async def run():
-        streams = [TokenStream(asyncio.get_running_loop()) for _ in prompts]
-        for prompt, stream in zip(prompts, streams):
-            loop.submit(prompt, LONG, stream)
+        streams = submit_all(loop, prompts)
         first = await streams[0].get()
         streams[0].cancel()
         loop.abort(streams[0])

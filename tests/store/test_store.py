@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from kvtier.errors import ConfigError
-from kvtier.storage import IOEngine
+from kvtier.storage import IOEngine, direct_file
 from kvtier.store import DocumentStore
 from kvtier.store import entry as entry_module
-from kvtier.store import meta as meta_module
 from kvtier.store import store as store_module
 from kvtier.store.entry import EntryWriter, read_layers
 from store_entries import BLOCK, block_names, new_meta, prefill_updates
@@ -131,7 +130,7 @@ def test_a_writer_killed_at_any_point_leaves_a_whole_entry_or_none(tmp_path):
         DocumentStore(root)
         child = os.fork()
         if child == 0:
-            entry_module.os = meta_module.os = store_module.os = _KilledAt(point)
+            entry_module.os = store_module.os = direct_file.os = _KilledAt(point)
             publish(DocumentStore(root), keys_for("a", 3), 3 * BLOCK)
             os._exit(0)
         _, status = os.waitpid(child, 0)

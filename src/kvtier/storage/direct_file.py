@@ -37,3 +37,12 @@ def drop_page_cache(fd: int) -> None:
     cold reads of freshly written data should write through O_DIRECT or sync themselves.
     """
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """Make a rename or a new file in `directory` durable (write, fsync, rename, then this)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from kvtier.storage import IOEngine, aligned_buffer, checksum, open_direct
-from kvtier.store.meta import KV, META, CorruptEntry, EntryMeta, fsync_directory
+from kvtier.storage import IOEngine, aligned_buffer, checksum, fsync_directory, open_direct
+from kvtier.store.meta import KV, META, CorruptEntry, EntryMeta
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -7,7 +7,6 @@ crc32c of its own body: a damaged meta.json is a damaged entry, never a guess.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -92,11 +91,3 @@ def read_meta(directory: Path) -> EntryMeta:
         return EntryMeta.parse(path.read_bytes(), path)
     except FileNotFoundError:
         raise CorruptEntry(f"{path}: missing") from None
-
-
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 from kvtier.errors import ConfigError, StorageError
 from kvtier.models.paths import cache_dir
 from kvtier.processes import process_exists
-from kvtier.store.meta import META, CorruptEntry, EntryMeta, fsync_directory, read_meta
+from kvtier.storage import fsync_directory
+from kvtier.store.meta import META, CorruptEntry, EntryMeta, read_meta
 from kvtier.units import format_size, parse_size
 
 if TYPE_CHECKING:

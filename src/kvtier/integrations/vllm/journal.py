@@ -31,6 +31,7 @@ import crc32c
 import numpy as np
 
 from kvtier.errors import ConfigError, StorageError
+from kvtier.storage import fsync_directory
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class Journal:
             os.close(fd)
             partial.unlink(missing_ok=True)
             raise
-        _fsync_directory(self.path.parent)
+        fsync_directory(self.path.parent)
         os.close(self._fd)
         self._fd, self.count, self._end = fd, len(records), RECORD_BYTES * (1 + len(records))
 
@@ -203,10 +204,3 @@ def _write_all(fd: int, payload: bytes, offset: int, path: Path) -> None:
             raise StorageError(f"cannot write the tier's index journal {path}: {error.strerror}") from None
         view, offset = view[moved:], offset + moved
 
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
