@@ -1,4 +1,4 @@
-"""Torch threads and cores per phase: prefill on every core; decode leaves one core to the scorer process.
+"""Torch threads per phase: prefill on every core; decode leaves one core to the scorer process where one runs.
 
 The sparse path's storage scorer is a process of its own that works during decode and needs a
 core: on the 2-core development VM `--kv sparse` decodes on one torch thread (torch's spinning
@@ -8,10 +8,6 @@ holding a baseline to fewer threads because our system needs a core would flatte
 265 / 258 ms on 1). Prefill is dense in every mode and runs before the scorer has work: every core.
 `kvtier generate` and the benchmarks decode under `decode_threads`; the sparse path's APP
 calibration is kept per thread count (kvtier.sparse.planner), as its host rates scale with it.
-
-The scorer's core is its own (`scorer_core`): the process is pinned there and the decoding thread
-kept off it. Left to the scheduler, a wake-up through the request pipe put the scorer on the
-waker's core, where it preempted the host instead of working beside it (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -22,7 +18,6 @@ from contextlib import contextmanager
 import torch
 
 SCORER_MODES = frozenset({"sparse"})  # modes whose decode shares the machine with the storage scorer process
-PROCESS_CORES = frozenset(os.sched_getaffinity(0))  # at start: a decoding thread's own set is narrowed below
 
 
 def machine_threads() -> int:
@@ -37,27 +32,14 @@ def decode_threads(mode: str) -> int:
     return machine_threads()
 
 
-def scorer_core() -> int | None:
-    """The core reserved for the storage scorer process: the last one this process may use (None on one core)."""
-    return max(PROCESS_CORES) if len(PROCESS_CORES) > 1 else None
-
-
 @contextmanager
 def decoding(mode: str | None):
-    """Decode `mode` (None: as set now) on its torch threads; a scorer mode's calling thread stays off the
-    scorer's core. Both are restored afterwards."""
+    """Decode `mode` on its torch threads (None: as set now), then restore the previous count."""
     if mode is None:
         yield
         return
-    cores = os.sched_getaffinity(0)
-    reserved = scorer_core() if mode.split("-")[0] in SCORER_MODES else None
     with torch_threads(decode_threads(mode)):
-        if reserved is not None:
-            os.sched_setaffinity(0, cores - {reserved} or cores)  # 0: this thread only
-        try:
-            yield
-        finally:
-            os.sched_setaffinity(0, cores)
+        yield
 
 
 @contextmanager

@@ -11,7 +11,6 @@ from kvtier.sparse.record_file import RecordFile, RecordLayout
 from kvtier.sparse.scorer_client import ScorerClient
 from kvtier.sparse.sketch import SketchFormat, quantize, score
 from kvtier.storage import IOEngine
-from kvtier.threads import scorer_core
 
 LAYERS, BATCH, SLOTS, TOKENS, BLOCK = 2, 2, 1000, 700, 64
 FMT = SketchFormat(8, 2, 32)
@@ -63,15 +62,6 @@ def test_scores_stream_back_as_position_score_blocks(pool):
     assert client.process is None
 
 
-@pytest.mark.skipif(scorer_core() is None, reason="one core: the scorer shares it with the host")
-def test_the_scorer_runs_on_its_own_core(pool):
-    channel, file, _ = pool
-    client = _client(channel, file)
-    try:
-        assert os.sched_getaffinity(client.process.pid) == {scorer_core()}
-    finally:
-        client.close()
-
 
 def test_an_empty_request_is_a_cheap_round_trip(pool):
     channel, file, _ = pool
@@ -95,8 +85,6 @@ def test_a_killed_scorer_is_noticed_replaced_and_its_layer_scored_on_the_host(po
         np.testing.assert_array_equal(channel.results[1, :TOKENS]["score"], _expected(channel, keys, 0, 1))
         assert client.host_scored_requests == 1 and client.restarts == 1
         assert client.process is not first and client.process.poll() is None
-        if scorer_core() is not None:
-            assert os.sched_getaffinity(client.process.pid) == {scorer_core()}  # pinned like the first
         client.request(1, channel.query, TOKENS)  # the replacement serves the next request
         client.scores()
         np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"], _expected(channel, keys, 1, 0))

@@ -44,7 +44,6 @@ from kvtier.sparse.scorer_process import build_scorer
 from kvtier.sparse.sketch import SketchFormat
 from kvtier.sparse.sketch_scorer import SketchScorer
 from kvtier.storage import IOEngine
-from kvtier.threads import scorer_core
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
@@ -185,9 +184,6 @@ class ScorerClient:
         finally:
             os.close(request_read)
             os.close(response_write)
-        core = scorer_core()
-        if core is not None:  # its own core: beside the host, not preempting it (kvtier.threads)
-            os.sched_setaffinity(self.process.pid, {core})
         ready, _, _ = select.select([self._response_fd], [], [], START_TIMEOUT_S)
         if not ready or not read_exact(self._response_fd, RESPONSE.size):
             self._stop_process()
