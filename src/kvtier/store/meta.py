@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 from kvtier.errors import StorageError
@@ -46,17 +47,29 @@ class EntryMeta:
 
     def region_offset(self, layer: int, kind: int, head: int) -> int:
         """File offset of the run holding (layer, K=0 | V=1, head) for every block, block 0 first."""
-        earlier = sum(2 * heads * self.record_bytes(index) for index, (heads, _) in enumerate(self.layers[:layer]))
-        return len(self.blocks) * (earlier + (kind * self.layers[layer][0] + head) * self.record_bytes(layer))
+        earlier_bytes, _ = self._earlier[layer]
+        return len(self.blocks) * (earlier_bytes + (kind * self.layers[layer][0] + head) * self.record_bytes(layer))
 
     def record_index(self, layer: int, kind: int, head: int, block: int) -> int:
-        earlier = sum(2 * heads for heads, _ in self.layers[:layer])
-        return (earlier + kind * self.layers[layer][0] + head) * len(self.blocks) + block
+        _, earlier_records = self._earlier[layer]
+        return (earlier_records + kind * self.layers[layer][0] + head) * len(self.blocks) + block
+
+    @cached_property
+    def _earlier(self) -> list[tuple[int, int]]:
+        """Per layer, the bytes of one block and the records of one block in the layers before it (computed once:
+        every record's offset and checksum index starts from them)."""
+        earlier, bytes_before, records_before = [], 0, 0
+        for index, (heads, _) in enumerate(self.layers):
+            earlier.append((bytes_before, records_before))
+            bytes_before += 2 * heads * self.record_bytes(index)
+            records_before += 2 * heads
+        return earlier
 
     @property
     def block_span(self) -> int:
         """Bytes of one block over every layer, K and V."""
-        return sum(2 * heads * self.record_bytes(index) for index, (heads, _) in enumerate(self.layers))
+        last_bytes, _ = self._earlier[-1]
+        return last_bytes + 2 * self.layers[-1][0] * self.record_bytes(len(self.layers) - 1)
 
     @property
     def nbytes(self) -> int:

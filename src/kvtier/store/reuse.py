@@ -45,10 +45,10 @@ class PromptReuse:
     def plan(cls, store: DocumentStore, llm, ids: torch.Tensor, text: str) -> PromptReuse:
         """Look up the prompt `ids` [1, n] (the tokens of `text`) in `store`."""
         identity = identity_of(llm)
-        tokens = ids[0].tolist()
-        keys = block_keys(identity.digest(), tokens, identity.block_tokens)
+        digest, tokens = identity.digest(), ids[0].tolist()
+        keys = block_keys(digest, tokens, identity.block_tokens)
         config = llm.model.config.get_text_config(decoder=True)
-        meta = EntryMeta(vars(identity), identity.digest(), document_key(tokens), identity.block_tokens, keys,
+        meta = EntryMeta(vars(identity), digest, document_key(tokens), identity.block_tokens, keys,
                          [[config.num_key_value_heads, _head_dim(config)]] * config.num_hidden_layers, identity.dtype, [],
                          " ".join(text[: 4 * HEAD_CHARS].split())[:HEAD_CHARS], 0.0)
         usable = (len(tokens) - 1) // identity.block_tokens  # leave a token for the model's logits

@@ -177,9 +177,6 @@ class DocumentStore:
             self._remove(entry.path)
         return len(entries)
 
-    def used_bytes(self) -> int:
-        return sum(entry.meta.nbytes for entry in self.entries())
-
     def _evict_until_free(self, nbytes: int) -> None:
         entries = self.entries()
         total = sum(entry.meta.nbytes for entry in entries)
