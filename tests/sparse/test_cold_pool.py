@@ -65,3 +65,24 @@ def test_fetch_many_returns_each_sequences_tokens(cold):
     for seq, (got_keys, got_values, _) in enumerate(cold.fetch_many(0, slots)):
         torch.testing.assert_close(got_keys, keys[seq][:, slots[seq]])
         torch.testing.assert_close(got_values, values[seq][:, slots[seq]])
+
+
+def test_later_writes_are_published_when_settled(cold):
+    keys, values = torch.randn(2, 2, 6, 32), torch.randn(2, 2, 6, 32)
+    timed = []
+    cold.append_later(0, keys, values, np.arange(6)[None, :].repeat(2, axis=0), timed.append)
+    cold.replace_later(0, 1, np.array([4]), keys[0][:, :1], values[0][:, :1], np.array([40]), timed.append)
+    cold.settle(0)
+    assert list(cold.used) == [6] and cold.positions[0, 1, 4] == 40 and len(timed) == 2 and min(timed) > 0
+    got_keys, got_values, _ = cold.fetch(0, 1, np.array([3, 4]))
+    torch.testing.assert_close(got_keys, torch.cat([keys[1][:, 3:4], keys[0][:, :1]], dim=1))
+    torch.testing.assert_close(got_values, torch.cat([values[1][:, 3:4], values[0][:, :1]], dim=1))
+
+
+def test_a_failed_later_write_is_raised_when_its_layer_is_settled(cold):
+    cold.append(0, torch.randn(2, 2, 4, 32), torch.randn(2, 2, 4, 32), np.arange(4)[None, :].repeat(2, axis=0))
+    _flip_byte(cold.kv.path, cold.kv.layout.region_offset(0, 0) + 5)
+    cold.replace_later(0, 0, np.array([2]), torch.randn(2, 1, 32), torch.randn(2, 1, 32), np.array([9]))
+    with pytest.raises(ChecksumError, match="checksum mismatch"):
+        cold.settle(0)
+    cold.settle(0)  # reported once; nothing else pending

@@ -45,6 +45,26 @@ def test_scattered_writes_keep_their_neighbours(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_writes_of_records_sharing_pages_keep_every_record(tmp_path):
+    """Runs of slots that share a page (50 and 52 lie in one page, 51 between them) are one read-modify-write."""
+    layout = RecordLayout(record_bytes=300, layers=1, batch=1, slots=200)
+    rng = np.random.default_rng(3)
+    with IOEngine(2) as io:
+        file = RecordFile(str(tmp_path / "pool"), layout, io, page_checksums=True)
+        try:
+            expected = _records(200, 300, 0)
+            file.write_records(0, 0, np.arange(200), expected)
+            for trial in range(20):
+                slots = np.array([50, 52] if trial == 0 else rng.choice(200, int(rng.integers(1, 30)), replace=False))
+                patch = _records(len(slots), 300, trial + 1)
+                file.write_records(0, 0, slots, patch)
+                expected[slots] = patch
+                got, _ = file.read_records(0, 0, np.arange(200))  # every page's checksum verified
+                np.testing.assert_array_equal(got, expected)
+        finally:
+            file.remove()
+
+
 def test_read_records_returns_the_order_asked_and_counts_pages(tmp_path):
     layout = RecordLayout(record_bytes=1536, layers=1, batch=1, slots=64)
     with _open_pool(tmp_path, layout) as file:

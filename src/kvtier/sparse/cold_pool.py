@@ -11,7 +11,9 @@ the hot pool in equal numbers per sequence, and promotions are swaps.
 
 The host writes (at placement and on demotion), then publishes positions and
 the cold-token count and bumps the layer's version, then sends requests; a
-scorer therefore never sees a slot whose bytes are not on disk. Every page of
+scorer therefore never sees a slot whose bytes are not on disk. Writes after
+placement (`append_later`, `replace_later`) run on a background thread
+(background_writes.py); `settle(layer)` waits for a layer's before it is read. Every page of
 the K|V file carries a crc32c kept in host memory and checked on every fetch
 (record_file.py), one crc call per page read.
 """
@@ -25,6 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from kvtier.sparse.background_writes import BackgroundWrites
 from kvtier.sparse.protocol import Channel
 from kvtier.sparse.record_file import RecordFile, RecordLayout
 from kvtier.sparse.sketch import SketchFormat, quantize
@@ -39,6 +42,7 @@ class ColdPool:
         self.heads, self.head_dim, self.dtype, self.fmt = heads, head_dim, dtype, fmt
         self.channel = channel
         self.io = io
+        self.writes = BackgroundWrites()
         self.token_bytes = heads * head_dim * torch.empty(0, dtype=dtype).element_size()
         stem = os.path.join(directory, f"sparse-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self.kv = RecordFile(stem + ".kv", RecordLayout(2 * self.token_bytes, layers, batch, slots), io,
@@ -78,6 +82,20 @@ class ColdPool:
         self.positions[layer, seq, slots] = positions
         self.channel.versions[layer] += 1
 
+    def append_later(self, layer: int, keys: torch.Tensor, values: torch.Tensor, positions: np.ndarray,
+                     on_done: Callable[[float], None] | None = None) -> None:
+        """`append` on the writer thread (the arguments must not change afterwards); see `settle`."""
+        self.writes.submit(layer, lambda: self.append(layer, keys, values, positions), on_done)
+
+    def replace_later(self, layer: int, seq: int, slots: np.ndarray, keys: torch.Tensor, values: torch.Tensor,
+                      positions: np.ndarray, on_done: Callable[[float], None] | None = None) -> None:
+        """`replace` on the writer thread (the arguments must not change afterwards); see `settle`."""
+        self.writes.submit(layer, lambda: self.replace(layer, seq, slots, keys, values, positions), on_done)
+
+    def settle(self, layer: int) -> None:
+        """Wait until `layer`'s queued writes are on disk and published (raises the first that failed)."""
+        self.writes.settle(layer)
+
     def _write(self, layer: int, seq: int, slots: np.ndarray, keys: torch.Tensor, values: torch.Tensor) -> None:
         token_keys = keys.transpose(0, 1).contiguous()  # [n, heads, head_dim]: records are token-major
         records = torch.cat([_bytes(token_keys), _bytes(values.transpose(0, 1).contiguous())], dim=1).numpy()
@@ -116,6 +134,7 @@ class ColdPool:
         return tokens[:, 0].transpose(0, 1), tokens[:, 1].transpose(0, 1), pages
 
     def close(self) -> None:
+        self.writes.close()
         self.kv.remove()
         self.sketches.remove()
 

@@ -15,10 +15,12 @@ Life of a layer:
    attends over the window and the chosen hot tokens (selection.py); the cold
    tokens' part of the softmax is merged in when they land. At alpha = 1 every
    token is attended, so the output equals a dense cache up to float rounding.
-4. After attention: the migration policy swaps a bounded number of cold and
-   hot tokens. Tokens leaving the recent window enter the hot pool
-   `retire_batch` at a time; when it overflows by `demote_batch` tokens, the
-   coldest are demoted together (one sequential write).
+4. After attention, off the critical path: the migration policy swaps a
+   bounded number of cold and hot tokens, and tokens leaving the recent
+   window enter the hot pool `retire_batch` at a time; when it overflows by
+   `demote_batch` tokens, the coldest are demoted together. Their disk writes
+   run on the cold pool's writer thread while the next layers compute; the
+   layer's next step waits for them before it reads the cold pool.
 """
 
 from __future__ import annotations
@@ -91,7 +93,6 @@ class SparseLayer(CacheLayerMixin):
         self.values = torch.cat([self.values, value_states], dim=2)
         self.window_positions = np.append(self.window_positions, self.tokens)
         self.tokens += 1
-        self._retire_oldest_recent()
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -107,6 +108,7 @@ class SparseLayer(CacheLayerMixin):
         """Tokens per sequence in each tier."""
         if not self.distributed:
             return {"device": self.tokens, "host": 0, "storage": 0}
+        self.runtime.cold.settle(self.tier)
         return {"device": self.keys.shape[2], "host": self.hot.used, "storage": int(self.runtime.cold.used[self.tier])}
 
     # ----- prefill -----
@@ -166,17 +168,26 @@ class SparseLayer(CacheLayerMixin):
             self._demote(overflow)
 
     def _demote(self, count: int) -> None:
-        started = time.perf_counter()
         policy = self.runtime.policy or HitPolicy()
         victims = policy.overflow_victims(self.table, self.hot.positions[:, : self.hot.used], count)
         keys, values, positions = self.hot.take(victims)
-        self.runtime.cold.append(self.tier, keys, values, positions)
+        self.runtime.cold.append_later(self.tier, keys, values, positions, self._background_timer())
         for seq in range(len(positions)):
             self.meter.record(self.table.steps, seq, positions[seq], -1)
         step = self.runtime.stats.current
         if step is not None:
-            step.migrate_s += time.perf_counter() - started
             step.demotions += positions.size
+
+    def _background_timer(self) -> Callable[[float], None] | None:
+        """What adds a background write's duration to the current step's stats (off its critical path)."""
+        step = self.runtime.stats.current
+        if step is None:
+            return None
+
+        def add(seconds: float) -> None:
+            step.background_write_s += seconds
+
+        return add
 
     def attend(self, module, query: torch.Tensor, attention_mask: torch.Tensor | None,
                inner: Callable, **kwargs) -> tuple[torch.Tensor, None]:
@@ -189,8 +200,10 @@ class SparseLayer(CacheLayerMixin):
         is not needed: the hot scores are the logits.
         """
         runtime, step = self.runtime, self.runtime.stats.current
-        cold_count = int(runtime.cold.used[self.tier])
+        settling = time.perf_counter()
+        runtime.cold.settle(self.tier)  # last step's moves of this layer: normally on disk long since
         started = time.perf_counter()
+        cold_count = int(runtime.cold.used[self.tier])
         grouped = runtime.grouped_query(query)
         if cold_count:
             runtime.scorer.request(self.tier, runtime.score_query(grouped).numpy(), cold_count)
@@ -220,11 +233,12 @@ class SparseLayer(CacheLayerMixin):
         if runtime.on_attend is not None:
             self._report_attended(positions)
         self._apply_swaps(swaps, picks, positions, cold)
+        self._retire_oldest_recent()
         if step is not None:
             step.score_s += chosen - started
             step.fetch_s += submitted - chosen + cold_fetched - hot_attended
             step.attention_s += hot_attended - planned + attended - cold_fetched
-            step.migrate_s += planned - submitted + time.perf_counter() - attended
+            step.migrate_s += started - settling + planned - submitted + time.perf_counter() - attended
             step.host_time_s += host_scored - started
             step.storage_time_s += (cold_scored - started if cold_count else 0.0) + cold_fetched - hot_attended
             step.selected_hot += picks.hot_count
@@ -283,7 +297,8 @@ class SparseLayer(CacheLayerMixin):
             victim_values = self.hot.values[seq][:, victim_index]
             victim_positions = hot_positions[swaps.victims].copy()
             promoted = torch.from_numpy(swaps.promote)
-            cold_pool.replace(self.tier, seq, cold_slots[swaps.promote], victim_keys, victim_values, victim_positions)
+            cold_pool.replace_later(self.tier, seq, cold_slots[swaps.promote], victim_keys, victim_values,
+                                    victim_positions, self._background_timer())
             self.hot.replace(seq, swaps.victims, cold_keys[:, promoted], cold_values[:, promoted],
                              cold_positions[swaps.promote])
             self.meter.record(self.table.steps, seq, cold_positions[swaps.promote], +1)

@@ -25,8 +25,9 @@ class StepStats:
     score_s: float = 0.0  # query -> merged top-k (hot scoring overlapped with the storage scorer)
     fetch_s: float = 0.0  # cold reads queued, then the wait for them that attention could not hide, + cold logits
     attention_s: float = 0.0
-    migrate_s: float = 0.0  # hit table, swap planning, promotions/demotions (disk writes of moved tokens)
+    migrate_s: float = 0.0  # hit table, swap planning, moving tokens between pools, waiting for last step's writes
     rest_s: float = 0.0
+    background_write_s: float = 0.0  # the moves' disk writes, on the writer thread (not in total_s's parts)
     total_s: float = 0.0
     host_time_s: float = 0.0  # measured T_CPU: hot scoring + hot fetch
     storage_time_s: float = 0.0  # measured T_storage: scorer round trip + cold fetch
