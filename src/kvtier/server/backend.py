@@ -102,6 +102,8 @@ class Backend:
         stream.cancel()
         if path == PAGED:
             self.engine_loop.abort(stream)
+        else:
+            self.sparse.abort(stream)
 
     def close(self) -> None:
         self.engine_loop.stop()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kvtier.errors import KvtierError
 from kvtier.serve.engine import LLMEngine
 from kvtier.serve.sequence import SamplingParams
-from kvtier.server.token_stream import Finished, TokenStream, deliver
+from kvtier.server.token_stream import SHUTTING_DOWN, Finished, TokenStream, deliver
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class EngineLoop:
             self._abort(args[0], "abort")
         else:
             for stream in list(self._streams.values()):
-                self._abort(stream, "abort", "the server is shutting down")
+                self._abort(stream, "abort", SHUTTING_DOWN)
             self.snapshot = take_snapshot(self.engine)
             return False
         return True
