@@ -105,6 +105,13 @@ class Backend:
         else:
             self.sparse.abort(stream)
 
+    def fail_unfinished(self) -> None:
+        """The shutdown's grace period is over: fail every unfinished request now (each client gets a 503 error
+        body, "the server is shutting down"); returns at once, for the event loop's thread."""
+        self.engine_loop.stop(wait=False)
+        if self.sparse is not None:
+            self.sparse.fail_all()
+
     def close(self) -> None:
         self.engine_loop.stop()
         if self.sparse is not None:

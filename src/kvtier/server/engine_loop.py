@@ -83,10 +83,11 @@ class EngineLoop:
         """End the stream's request (its tokens stop, its blocks are freed); safe to call more than once."""
         self._commands.put(("abort", stream))
 
-    def stop(self) -> None:
-        """Fail every unfinished request ("abort", with a message), then end the thread."""
+    def stop(self, wait: bool = True) -> None:
+        """Fail every unfinished request ("abort", with a message), then end the thread (`wait`: and join it)."""
         self._commands.put(("stop",))
-        self._thread.join()
+        if wait:
+            self._thread.join()
 
     # ----- the engine thread -----
 
