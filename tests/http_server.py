@@ -34,7 +34,7 @@ def running_server(llm, directory: Path, api_key: str | None = None, sparse: boo
         kv = KVConfig(kv="sparse", device_kv_budget="8MiB", host_kv_budget="4MiB", storage_dir=str(directory))
         sparse_path = SparseSetup(kv, lambda: load_model(MODEL), DocumentStore(directory / "store"))
     backend = build_backend(llm, config, ServerSettings(MODEL, api_key), sparse_path)
-    with ServerThread(create_app(backend)) as server:
+    with ServerThread(create_app(backend), grace_over=backend.fail_unfinished) as server:
         yield server, backend
 
 

@@ -5,6 +5,7 @@ import torch
 
 import kvtier
 from kvtier.data.corpus import generate_text
+from kvtier.generation import GenerationCancelled
 from kvtier.kv.factory import KVConfig
 from kvtier.threads import decode_threads
 
@@ -83,11 +84,18 @@ def test_sparse_decodes_leaving_a_core_to_its_scorer_and_restores_the_thread_cou
     assert torch.get_num_threads() == before
 
 
-def test_on_token_sees_every_token_and_can_end_early_and_choose_replaces_argmax(smollm2, prompt, reference):
+def test_on_token_sees_every_token_watch_ends_early_and_choose_replaces_argmax(smollm2, prompt, reference):
     text, _ = prompt
     seen = []
-    result = kvtier.generate(smollm2, text, NEW_TOKENS, progress=False,
-                             on_token=lambda token: seen.append(token) or len(seen) == 5)
+    result = kvtier.generate(smollm2, text, NEW_TOKENS, progress=False, on_token=seen.append,
+                             watch=lambda cache: len(seen) == 4)  # it sees each token's cache before on_token
     assert seen == result.token_ids == reference[:5]
+    with pytest.raises(GenerationCancelled):  # cancelled in the prefill: no token at all
+        kvtier.generate(smollm2, text, NEW_TOKENS, progress=False, prefill_chunk=4, on_token=seen.append,
+                        watch=lambda cache: cache.get_seq_length() >= 8)
+    assert seen == reference[:5]
+    end = next(i for i, token in enumerate(reference) if i >= 2 and token not in reference[:i])
+    stopped = kvtier.generate(smollm2, text, NEW_TOKENS, progress=False, eos_token_ids={reference[end]})
+    assert stopped.token_ids == reference[: end + 1]  # the given end-of-sequence ids replace the model's
     forced = kvtier.generate(smollm2, text, 3, progress=False, choose=lambda logits: 42)
     assert forced.token_ids == [42, 42, 42]

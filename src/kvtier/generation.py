@@ -15,6 +15,13 @@ from kvtier.store.reuse import PromptReuse
 from kvtier.store.store import DocumentStore
 from kvtier.threads import decoding
 
+# Called with the cache after each prefill chunk and each new token; True cancels the generation.
+Watch = Callable[[object], bool]
+
+
+class GenerationCancelled(Exception):
+    """`watch` cancelled the generation during its prefill: no token was generated, nothing was stored."""
+
 
 @dataclass
 class GenerationResult:
@@ -67,7 +74,7 @@ def _eos_ids(llm) -> set[int]:
     return set(eos) if isinstance(eos, (list, tuple)) else {eos}
 
 
-def _prefill(model, input_ids: torch.Tensor, cache, chunk: int, progress: bool) -> torch.Tensor:
+def _prefill(model, input_ids: torch.Tensor, cache, chunk: int, progress: bool, watch: Watch | None) -> torch.Tensor:
     """Run the prompt through the model in chunks of `chunk` tokens; return the last position's logits."""
     total = input_ids.shape[1]
     with tqdm(total=total, desc="prefill", unit="tok", disable=not progress, file=sys.stderr, leave=False) as bar:
@@ -75,6 +82,8 @@ def _prefill(model, input_ids: torch.Tensor, cache, chunk: int, progress: bool) 
             piece = input_ids[:, start : start + chunk]
             logits = model(input_ids=piece, cache=cache, use_cache=True, logits_to_keep=1).logits
             bar.update(piece.shape[1])
+            if watch is not None and watch(cache):
+                raise GenerationCancelled("cancelled during the prefill")
     return logits[:, -1, :]
 
 
@@ -88,32 +97,37 @@ def generate(
     progress: bool = True,
     input_ids: torch.Tensor | None = None,
     kv_store: DocumentStore | None = None,
-    on_token: Callable[[int], bool] | None = None,
+    on_token: Callable[[int], None] | None = None,
     choose: Callable[[torch.Tensor], int] | None = None,
+    watch: Watch | None = None,
+    eos_token_ids: set[int] | None = None,
 ) -> GenerationResult:
     """Decode up to `max_new_tokens` tokens after `prompt` (or after explicit `input_ids`), greedily by default.
 
     `on_text` receives each new piece of decoded text as it is produced; `on_token` receives each
-    new token id and ends the generation early by returning True (a server's client went away).
-    `choose` picks the next token from the last position's logits [1, vocab] (default: argmax). With a `kv_store`, the
-    prompt's longest stored prefix is loaded instead of computed, and a new document is stored
-    (kvtier.store.reuse).
+    new token id. `choose` picks the next token from the last position's logits [1, vocab] (default:
+    argmax). `watch` sees the cache after every prefill chunk and every new token (before `on_token`
+    gets it), to read its tiers; returning True cancels: during the prefill by raising
+    GenerationCancelled (nothing is stored), during the decode by ending after that token (a
+    server's client went away). Generation stops at an id of `eos_token_ids` (default: the model's;
+    an empty set never stops early, vLLM's `ignore_eos`). With a `kv_store`, the prompt's longest
+    stored prefix is loaded instead of computed, and a new document is stored (kvtier.store.reuse).
     """
     kv_config = (kv_config or KVConfig()).validated()
     ids = prompt_ids(llm, prompt) if input_ids is None else input_ids
     check_context(llm, ids.shape[1], max_new_tokens)
-    model, eos = llm.model, _eos_ids(llm)
+    model, eos = llm.model, _eos_ids(llm) if eos_token_ids is None else eos_token_ids
     requested = time.perf_counter()
     reuse = PromptReuse.plan(kv_store, llm, ids, prompt) if kv_store is not None else None
     with torch.inference_mode():
-        prompt_in = _PromptIn(llm, kv_config, ids, ids.shape[1] + max_new_tokens, prefill_chunk, progress)
+        prompt_in = _PromptIn(llm, kv_config, ids, ids.shape[1] + max_new_tokens, prefill_chunk, progress, watch)
         cache, logits, started = prompt_in.into_cache(reuse)
         try:
             with decoding(kv_config.kv):  # sparse: a core for the scorer process
                 place_prompt(cache)  # under the decode's threads: the sparse path calibrates APP there
                 prefilled = time.perf_counter()
                 new_ids, first_token_at = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text,
-                                                   on_token, choose)
+                                                   on_token, choose, watch)
             finished = time.perf_counter()
             kv_bytes = tier_bytes(cache, model)
             read, written = disk_bytes(cache)
@@ -152,6 +166,7 @@ class _PromptIn:
     max_tokens: int
     chunk: int
     progress: bool
+    watch: Watch | None
     reused: int = 0
     writer: EntryWriter | None = None
 
@@ -163,10 +178,10 @@ class _PromptIn:
         started = time.perf_counter()
         try:
             if reuse is None:
-                return cache, _prefill(model, self.ids.to(model.device), cache, self.chunk, self.progress), started
+                return cache, self._prefill(cache, 0), started
             with reuse.recording(cache) as writer:
                 self.reused = reuse.replay(cache)
-                logits = _prefill(model, self.ids[:, self.reused :].to(model.device), cache, self.chunk, self.progress)
+                logits = self._prefill(cache, self.reused)
             self.writer = writer
             return cache, logits, started
         except CorruptEntry:
@@ -179,9 +194,13 @@ class _PromptIn:
             close_cache(cache)
             raise
 
+    def _prefill(self, cache, start: int) -> torch.Tensor:
+        ids = self.ids[:, start:].to(self.llm.model.device)
+        return _prefill(self.llm.model, ids, cache, self.chunk, self.progress, self.watch)
+
 
 def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer, on_text, on_token,
-            choose) -> tuple[list[int], float]:
+            choose, watch) -> tuple[list[int], float]:
     """Decode loop; stops at an end-of-sequence token (kept in the ids, as transformers does). Returns the ids and
     when the first one was known."""
     new_ids: list[int] = []
@@ -196,7 +215,9 @@ def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer,
             if text.startswith(shown) and len(text) > len(shown):
                 on_text(text[len(shown) :])
                 shown = text
-        stopped = on_token is not None and on_token(token)
+        stopped = watch is not None and watch(cache)
+        if on_token is not None:
+            on_token(token)
         if token in eos or len(new_ids) == max_new_tokens or stopped:
             break
         step = torch.tensor([[token]], device=model.device)

@@ -1,4 +1,4 @@
-"""`kvtier serve` as a process: it starts on loopback, and SIGTERM lets in-flight requests finish."""
+"""`kvtier serve` as a process: it starts on loopback; SIGTERM lets in-flight requests finish, or fails them cleanly."""
 
 import json
 import os
@@ -6,10 +6,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier.models.loader import load_model
 from kvtier.serve.engine import EngineConfig, LLMEngine
@@ -25,13 +27,15 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def server(tiny_model_dir, tmp_path):
+def server(request, tiny_model_dir, tmp_path):
+    """`kvtier serve` on a free port; an indirect parameter sets --graceful-shutdown (default 600 s)."""
+    graceful = getattr(request, "param", 600)  # on a loaded machine a stream may need long; it must not be cut
     port = free_port()
     flash = tmp_path / "flash.kvc"
     process = subprocess.Popen(
         [sys.executable, "-m", "kvtier.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
          "--api-key", "k", "--flash-path", str(flash), "--no-sparse", *ENGINE_ARGS,
-         "--graceful-shutdown", "600"],  # on a loaded machine the stream may need long; it must not be cut
+         "--graceful-shutdown", str(graceful)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ | {"KVTIER_API_KEY": ""})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300  # importing torch in a fresh process is slow on a loaded machine
@@ -73,11 +77,53 @@ def test_sigterm_finishes_the_stream_in_flight_and_leaves_the_flash_file_reusabl
     assert "Application shutdown complete" in stderr and "Traceback" not in stderr
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "/health")
-    # Closed consistently: an engine with the same settings reuses the file instead of recreating it.
+    assert_flash_file_reusable(flash, tiny_model_dir)
+
+
+def running(url: str, headers: dict) -> float:
+    metrics = text_string_to_metric_families(httpx.get(url + "/metrics", headers=headers).text)
+    return next(sample.value for family in metrics for sample in family.samples
+                if sample.name == "kvtier:num_requests_running" and sample.labels == {"path": "paged"})
+
+
+def assert_flash_file_reusable(flash, tiny_model_dir) -> None:
+    """Closed consistently: an engine with the same settings reuses the file instead of recreating it."""
     config = EngineConfig(block_tokens=16, device_kv_budget="1MiB", swap="flash", swap_space="4MiB",
                           flash_path=str(flash), io_threads=2)
     with LLMEngine.from_llm(load_model(str(tiny_model_dir)), config) as engine:
         assert engine.swap.reused
+
+
+@pytest.mark.parametrize("server", [0], indirect=True)  # no grace: what is in flight fails at once
+def test_sigterm_after_the_grace_period_fails_requests_in_flight_with_an_error_body(server, tiny_model_dir):
+    process, url, flash = server
+    headers = {"Authorization": "Bearer k"}
+    body = {"model": str(tiny_model_dir), "prompt": "the sea light", "max_tokens": 500, "temperature": 0,
+            "ignore_eos": True}
+    whole: list[httpx.Response] = []
+    waiting = threading.Thread(target=lambda: whole.append(
+        httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=120)))
+    lines = []
+    with httpx.stream("POST", url + "/v1/completions", json=body | {"stream": True}, headers=headers,
+                      timeout=120) as response:
+        for line in filter(None, response.iter_lines()):
+            lines.append(line)
+            if len(lines) == 1:
+                waiting.start()
+                while running(url, headers) < 2:  # the whole-answer request is in flight too
+                    time.sleep(0.02)
+                process.send_signal(signal.SIGTERM)
+    waiting.join()
+    # The stream ends with an OpenAI error event and [DONE], well before its 500 tokens.
+    assert lines[-1] == "data: [DONE]" and len(lines) < 500
+    error = json.loads(lines[-2].removeprefix("data: "))["error"]
+    assert error == {"message": "the server is shutting down", "type": "server_error", "param": None,
+                     "code": "generation_failed"}
+    assert whole[0].status_code == 503 and whole[0].json()["error"] == error
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == -signal.SIGTERM, stderr[-2000:]
+    assert "Traceback" not in stderr and "Cancel" not in stderr  # failed by the server, not cut by uvicorn
+    assert_flash_file_reusable(flash, tiny_model_dir)
 
 
 def test_bad_options_fail_in_one_line_before_loading_a_model():

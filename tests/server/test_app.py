@@ -1,5 +1,10 @@
 """The endpoints through the real `openai` client (and raw httpx for what a client library cannot send)."""
 
+import json
+import os
+import signal
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
@@ -82,6 +87,7 @@ def test_streaming_chat_sends_deltas_then_finish_then_usage_then_done(client, ra
     body = {"model": MODEL, "prompt": "One, two,", "max_tokens": 4, "temperature": 0, "stream": True}
     lines = [line for line in raw.post("/v1/completions", json=body).text.splitlines() if line]
     assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+    assert all("usage" not in json.loads(line.removeprefix("data: ")) for line in lines[:-1])  # not asked for
 
 
 def test_stop_strings_cut_the_text_and_end_generation(client):
@@ -92,6 +98,10 @@ def test_stop_strings_cut_the_text_and_end_generation(client):
     assert stopped.choices[0].text == free.choices[0].text.split(" 6")[0]
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.usage.completion_tokens < free.usage.completion_tokens
+    chunks = list(client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
+                                            stop=[" 6"], stream=True))
+    assert "".join(chunk.choices[0].text for chunk in chunks) == stopped.choices[0].text  # " 6" never shown
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices[0].finish_reason] == ["stop"]
 
 
 def test_seeded_sampling_repeats_and_temperature_zero_is_greedy(client):
@@ -120,6 +130,74 @@ def test_a_prompt_beyond_the_device_pool_is_served_on_the_sparse_path_reusing_th
     assert again.choices[0].text == reply.choices[0].text
     assert backend.sparse.counters.reused_prompt_tokens > 0  # the first request stored the document's KV
     assert backend.sparse.counters.kv_store_bytes_read > 0
+
+
+def scorer_processes() -> list[int]:
+    """Pids of the storage scorer processes this process started (one per sparse request being served)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == os.getpid() and b"kvtier.sparse.scorer_process" in command:
+            pids.append(int(entry.name))
+    return pids
+
+
+def sparse_kv(metrics: dict) -> dict[str, float]:
+    return {tier: metrics[("kvtier:kv_bytes", (("path", "sparse"), ("tier", tier)))]
+            for tier in ("device", "host", "storage")}
+
+
+def test_the_sparse_path_reports_its_kv_tiers_while_it_serves_and_counts_cold_reads_and_scorer_restarts(
+        server, raw):
+    url = server[0].url
+    prompt = "A lighthouse keeper writes down every ship that passes the cape at night. " * 30  # ~480 tokens
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    before = scrape(url, KEY)
+    assert set(sparse_kv(before).values()) == {0}
+    lines, during = [], None
+    with raw.stream("POST", "/v1/completions", json=body) as response:
+        for line in filter(None, response.iter_lines()):
+            lines.append(line)
+            if len(lines) == 3:  # three tokens in: the prompt is spread over the tiers, decoding goes on
+                during = scrape(url, KEY)
+                [scorer] = scorer_processes()
+                os.kill(scorer, signal.SIGKILL)
+    after = scrape(url, KEY)
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 16
+    assert during[("kvtier:num_requests_running", (("path", "sparse"),))] == 1
+    live = sparse_kv(during)
+    assert live["device"] > 0 and live["storage"] > 0  # budgets of 8 MiB device, 4 MiB host: ~180 tokens fit
+    assert moved(before, during, "kvtier:sparse_cold_read_bytes_total") > 0  # counted as they happen
+    assert moved(before, after, "kvtier:sparse_scorer_restarts_total") == 1  # the killed scorer was replaced
+    assert moved(during, after, "kvtier:sparse_cold_read_bytes_total") > 0
+    assert set(sparse_kv(after).values()) == {0}  # the request's cache is gone
+    assert after[("kvtier:num_requests_running", (("path", "sparse"),))] == 0
+
+
+PARIS = "What is the capital of France? Answer in one word."
+
+
+@pytest.mark.parametrize("path, filler", [("paged", 0), ("sparse", 60)])
+def test_ignore_eos_generates_max_tokens_on_both_paths(client, server, path, filler):
+    content = "Paris is the capital of France. " * filler + "\n" + PARIS  # 60 times: ~460 tokens, beyond the pool
+
+    def ask(**extra):
+        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                              max_tokens=20, temperature=0, **extra)
+
+    before = scrape(server[0].url, KEY)
+    free, forced = ask(), ask(extra_body={"ignore_eos": True})
+    assert moved(before, scrape(server[0].url, KEY), "kvtier:requests_total", path=path) == 2
+    assert free.choices[0].finish_reason == "stop" and free.usage.completion_tokens < 20
+    assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == 20
+    assert "Paris" in free.choices[0].message.content
+    assert forced.choices[0].message.content.startswith(free.choices[0].message.content)  # then past the end
 
 
 def test_a_client_that_gives_up_on_a_whole_answer_has_its_request_aborted(raw, server):
@@ -168,6 +246,14 @@ BAD_REQUESTS = [
     ({"model": MODEL, "prompt": "hi", "logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
     ({"model": MODEL, "prompt": "hi", "tools": []}, 400, "tools", "unsupported_parameter"),
     ({"model": MODEL, "prompt": ""}, 400, "prompt", "invalid_value"),
+    ({"model": MODEL, "prompt": [1, 10 ** 9]}, 400, "prompt", "invalid_value"),
+    ({"model": MODEL, "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "invalid_value"),
+    ({"model": MODEL, "prompt": "hi", "top_p": 0}, 400, "top_p", "invalid_value"),
+    ({"model": MODEL, "prompt": "hi", "seed": "7"}, 400, "seed", "invalid_value"),
+    ({"model": MODEL, "prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options",
+     "invalid_value"),
+    ({"model": MODEL, "prompt": "hi", "stream": True, "stream_options": {"usage": True}}, 400,
+     "stream_options.usage", "unsupported_parameter"),
 ]
 
 
@@ -192,3 +278,10 @@ def test_chat_errors_name_the_field(client):
     with pytest.raises(openai.BadRequestError) as role:
         client.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "x"}], max_tokens=2)
     assert role.value.body["param"].startswith("messages.0")
+    with pytest.raises(openai.NotFoundError) as model:
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert (model.value.body["param"], model.value.body["code"]) == ("model", "model_not_found")
+    with pytest.raises(openai.BadRequestError) as long:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi " * 9000}],
+                                       max_tokens=2)
+    assert (long.value.body["param"], long.value.body["code"]) == ("prompt", "context_length_exceeded")

@@ -58,7 +58,9 @@ def test_swap_metrics_move_under_pressure_and_everything_returns_afterwards(serv
     # Everything is back: no request queued, every device block free, no swap slot held.
     assert after[("kvtier:device_blocks_free", ())] == after[("kvtier:device_blocks_total", ())] == 7
     assert after[("kvtier:swap_slots_used", ())] == 0
-    assert after[("kvtier:kv_bytes", (("tier", "device"),))] == after[("kvtier:kv_bytes", (("tier", "flash"),))] == 0
+    assert all(after[("kvtier:kv_bytes", (("path", path), ("tier", tier)))] == 0
+               for path, tier in (("paged", "device"), ("paged", "flash"), ("sparse", "device"), ("sparse", "host"),
+                                  ("sparse", "storage")))
     for name in ("kvtier:num_requests_running", "kvtier:num_requests_waiting"):
         assert after[(name, (("path", "paged"),))] == 0
     assert after[("kvtier:flash_file_bytes", ())] >= 15 << 20  # the file holds the 16 MiB of slots

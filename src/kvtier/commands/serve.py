@@ -78,5 +78,6 @@ def run(args: argparse.Namespace) -> int:
           f"{backend.engine.pool.num_blocks} blocks of {engine_config.block_tokens} tokens, swap {engine_config.swap}"
           f" | long prompts: {'sparse path' if args.sparse else 'refused'}"
           f"{' | API key required' if args.api_key else ''}", file=sys.stderr, flush=True)
-    serve_forever(create_app(backend), args.host, args.port, args.graceful_shutdown)
+    serve_forever(create_app(backend), args.host, args.port, args.graceful_shutdown,
+                  grace_over=backend.fail_unfinished)
     return 0

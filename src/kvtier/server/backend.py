@@ -102,6 +102,15 @@ class Backend:
         stream.cancel()
         if path == PAGED:
             self.engine_loop.abort(stream)
+        else:
+            self.sparse.abort(stream)
+
+    def fail_unfinished(self) -> None:
+        """The shutdown's grace period is over: fail every unfinished request now (each client gets a 503 error
+        body, "the server is shutting down"); returns at once, for the event loop's thread."""
+        self.engine_loop.stop(wait=False)
+        if self.sparse is not None:
+            self.sparse.fail_all()
 
     def close(self) -> None:
         self.engine_loop.stop()

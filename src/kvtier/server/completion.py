@@ -2,7 +2,11 @@
 
 Both endpoints share this; they differ only in the shape of their bodies (`Shape`). A stop string
 or a client that goes away ends generation at once: the request is aborted in its path, which
-frees its KV (device blocks, swap slots) instead of generating tokens nobody will read.
+frees its KV (device blocks, swap slots) instead of generating tokens nobody will read. That
+holds from the moment the request is submitted, which is only once its answer starts being
+produced: a client gone before then (while its prompt was tokenized, say) never reaches a path;
+one gone while its request is queued or prefilled is aborted there (counted as finished with
+reason "abort").
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvtier.errors import ConfigError
 from kvtier.serve.sequence import SamplingParams
@@ -27,6 +31,7 @@ from kvtier.server.text import TextAssembler
 from kvtier.server.token_stream import Finished
 
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+CLIENT_CLOSED = 499  # the status (nginx's) logged for a non-streaming request whose client went away
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ CHAT = Shape("chat.completion", "chat.completion.chunk", "chatcmpl-", chat=True)
 
 
 async def respond(backend: Backend, shape: Shape, ids: list[int], body: GenerationRequest,
-                  request: Request) -> JSONResponse | StreamingResponse:
+                  request: Request) -> Response:
     """Serve `body` (already tokenized to `ids`) and answer in `shape`; APIError before anything runs."""
     arrived = time.perf_counter()
     max_tokens = body.token_limit or min(backend.settings.default_max_tokens,
@@ -70,15 +75,17 @@ async def respond(backend: Backend, shape: Shape, ids: list[int], body: Generati
     generation = Generation(backend, shape, path, ids, sampling, body.stop_strings, arrived)
     if body.stream:
         return StreamingResponse(generation.events(body.include_usage), media_type="text/event-stream")
-    return JSONResponse(await generation.whole(request))
+    answer = await generation.whole(request)
+    return Response(status_code=CLIENT_CLOSED) if answer is None else JSONResponse(answer)
 
 
 class Generation:
-    """A started request: its token stream, its text so far, and its metrics."""
+    """A routed request, submitted to its path when `pieces()` starts: its token stream, its text, its metrics."""
 
     def __init__(self, backend: Backend, shape: Shape, path: str, ids: list[int], sampling: SamplingParams,
                  stop: list[str], arrived: float) -> None:
         self.backend, self.shape, self.path = backend, shape, path
+        self.ids, self.sampling = ids, sampling
         self.prompt_tokens = len(ids)
         self.text = TextAssembler(backend.decode, stop)
         self.completion_tokens = 0
@@ -86,10 +93,14 @@ class Generation:
         self.id = shape.id_prefix + uuid.uuid4().hex
         self.created = int(time.time())
         self._arrived = self._last = arrived
-        self.stream = backend.start(path, ids, sampling)
 
     async def pieces(self) -> AsyncIterator[str]:
-        """The visible text, piece by piece; `finish_reason` is set when it ends. Leaving early aborts."""
+        """Submit the request, then yield its visible text piece by piece; `finish_reason` is set when it ends.
+
+        Leaving early (the consumer is cancelled or closes the generator) aborts the request; a
+        generator closed before it started has submitted nothing.
+        """
+        self.stream = self.backend.start(self.path, self.ids, self.sampling)
         try:
             while self.finish_reason is None:
                 item = await self.stream.get()
@@ -110,17 +121,20 @@ class Generation:
             if self.finish_reason is None:  # the consumer went away (client disconnect): free the KV now
                 self.backend.cancel(self.path, self.stream)
             else:
-                self.backend.metrics.finished.labels(self.finish_reason).inc()
                 self.backend.metrics.e2e.observe(time.perf_counter() - self._arrived)
+            self.backend.metrics.finished.labels(self.finish_reason or "abort").inc()
 
-    async def whole(self, request: Request) -> dict[str, Any]:
-        """The non-streaming body; aborts the request if the client disconnects while it waits."""
+    async def whole(self, request: Request) -> dict[str, Any] | None:
+        """The non-streaming body, or None when the client disconnected while it waited (the request is aborted)."""
         collect = asyncio.ensure_future(self._collect())
-        while not collect.done():
-            await asyncio.wait({collect}, timeout=DISCONNECT_POLL_S)
-            if not collect.done() and await request.is_disconnected():
-                collect.cancel()
-        text = await collect
+        try:
+            while not collect.done():
+                await asyncio.wait({collect}, timeout=DISCONNECT_POLL_S)
+                if not collect.done() and await request.is_disconnected():
+                    return None
+            text = collect.result()
+        finally:
+            collect.cancel()  # no-op once done; else the generator's `finally` aborts the request
         return self._envelope(self.shape.object) | {"choices": [self.shape.choice(text, self.finish_reason)],
                                                      "usage": self.usage()}
 
@@ -151,10 +165,10 @@ class Generation:
         return self.text.text
 
     def _finished(self, item: Finished) -> None:
+        self.finish_reason = item.reason
         if item.reason == "error" or item.error:
             status = 503 if item.reason == "abort" else 500
             raise APIError(status, item.error or "generation failed", code="generation_failed", kind="server_error")
-        self.finish_reason = item.reason
 
     def _count_token(self) -> None:
         now = time.perf_counter()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kvtier.errors import KvtierError
 from kvtier.serve.engine import LLMEngine
 from kvtier.serve.sequence import SamplingParams
-from kvtier.server.token_stream import Finished, TokenStream, deliver
+from kvtier.server.token_stream import SHUTTING_DOWN, Finished, TokenStream, deliver
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,11 @@ class EngineLoop:
         """End the stream's request (its tokens stop, its blocks are freed); safe to call more than once."""
         self._commands.put(("abort", stream))
 
-    def stop(self) -> None:
-        """Fail every unfinished request ("abort", with a message), then end the thread."""
+    def stop(self, wait: bool = True) -> None:
+        """Fail every unfinished request ("abort", with a message), then end the thread (`wait`: and join it)."""
         self._commands.put(("stop",))
-        self._thread.join()
+        if wait:
+            self._thread.join()
 
     # ----- the engine thread -----
 
@@ -122,7 +123,7 @@ class EngineLoop:
             self._abort(args[0], "abort")
         else:
             for stream in list(self._streams.values()):
-                self._abort(stream, "abort", "the server is shutting down")
+                self._abort(stream, "abort", SHUTTING_DOWN)
             self.snapshot = take_snapshot(self.engine)
             return False
         return True

@@ -59,10 +59,7 @@ class _EngineCollector(Collector):
                      engine.swapped)
         yield _gauge("kvtier:device_blocks_total", "KV blocks of the engine's device pool", None, engine.device_blocks)
         yield _gauge("kvtier:device_blocks_free", "Free KV blocks of the device pool", None, engine.device_blocks_free)
-        tiers = {"device": (engine.device_blocks - engine.device_blocks_free) * engine.block_bytes}
-        if engine.swap_slots:  # flash or dram; recompute keeps no swapped KV
-            tiers[engine.swap_backend] = engine.swap_slots_live * engine.block_bytes
-        yield _gauge("kvtier:kv_bytes", "KV bytes held by the engine, per tier", "tier", tiers)
+        yield _kv_bytes(engine, sparse)
         yield _gauge("kvtier:swap_slots_total", "Block slots of the swap space (flash file or DRAM pool)", None,
                      engine.swap_slots)
         yield _gauge("kvtier:swap_slots_used", "Swap slots holding a swapped-out block", None, engine.swap_slots_live)
@@ -85,6 +82,18 @@ class _EngineCollector(Collector):
                 ("kvtier:sparse_kv_store_read_bytes", "Bytes the sparse path read from the document KV store",
                  sparse.kv_store_bytes_read)):
             yield CounterMetricFamily(name, doc, value=value)
+
+
+def _kv_bytes(engine: EngineSnapshot, sparse: SparseCounters) -> GaugeMetricFamily:
+    """KV bytes per path and tier: the engine's device pool and swap space, the sparse request's three tiers."""
+    paged = {"device": (engine.device_blocks - engine.device_blocks_free) * engine.block_bytes}
+    if engine.swap_slots:  # flash or dram; recompute keeps no swapped KV
+        paged[engine.swap_backend] = engine.swap_slots_live * engine.block_bytes
+    family = GaugeMetricFamily("kvtier:kv_bytes", "KV bytes held now, per path and tier", labels=["path", "tier"])
+    for path, tiers in (("paged", paged), ("sparse", sparse.kv_bytes)):
+        for tier, value in tiers.items():
+            family.add_metric([path, tier], value)
+    return family
 
 
 def _gauge(name: str, doc: str, label: str | None, values: int | dict[str, int]) -> GaugeMetricFamily:

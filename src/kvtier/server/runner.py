@@ -1,39 +1,61 @@
 """Running the app under uvicorn: in the foreground for `kvtier serve`, or on a thread (tests, benchmark).
 
 Shutdown (SIGTERM or Ctrl-C in the foreground, `stop()` on a thread) is uvicorn's graceful one:
-stop accepting connections, give in-flight requests `graceful_s` to finish, cancel the rest (their
-streams see a disconnect and abort their sequences), then the app's lifespan end closes the engine
+stop accepting connections and give in-flight requests `graceful_s` to finish. Then `grace_over`
+(the backend's `fail_unfinished`) fails what is still running, so each of those clients gets an
+OpenAI error body (503, or an error event then `[DONE]` in a stream) rather than a cut connection;
+uvicorn cancels whatever is left `FAIL_S` later. Last, the app's lifespan end closes the engine
 and its flash file.
 """
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import threading
 import time
+from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI
 
 GRACEFUL_S = 30.0
+FAIL_S = 10.0  # after the grace period: time for the failed requests to send their error
 
 
-def _config(app: FastAPI, host: str, port: int, graceful_s: float, log_level: str) -> uvicorn.Config:
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                          timeout_graceful_shutdown=graceful_s)
+class _Server(uvicorn.Server):
+    """uvicorn's server, calling `grace_over` when the shutdown's grace period ends."""
+
+    def __init__(self, app: FastAPI, host: str, port: int, graceful_s: float, log_level: str,
+                 grace_over: Callable[[], None] | None) -> None:
+        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                                        timeout_graceful_shutdown=graceful_s + (FAIL_S if grace_over else 0)))
+        self._graceful_s, self._grace_over = graceful_s, grace_over
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        timer = None
+        if self._grace_over is not None:
+            timer = asyncio.get_running_loop().call_later(self._graceful_s, self._grace_over)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
-def serve_forever(app: FastAPI, host: str, port: int, graceful_s: float = GRACEFUL_S,
-                  log_level: str = "info") -> None:
+def serve_forever(app: FastAPI, host: str, port: int, graceful_s: float = GRACEFUL_S, log_level: str = "info",
+                  grace_over: Callable[[], None] | None = None) -> None:
     """Serve until SIGTERM / SIGINT (uvicorn installs the handlers on the main thread)."""
-    uvicorn.Server(_config(app, host, port, graceful_s, log_level)).run()
+    _Server(app, host, port, graceful_s, log_level, grace_over).run()
 
 
 class ServerThread:
     """The app served on a background thread at `url` until `stop()`."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, graceful_s: float = 5.0,
-                 log_level: str = "warning", start_timeout_s: float = 60.0) -> None:
-        self._server = uvicorn.Server(_config(app, host, port, graceful_s, log_level))
+                 log_level: str = "warning", start_timeout_s: float = 60.0,
+                 grace_over: Callable[[], None] | None = None) -> None:
+        self._server = _Server(app, host, port, graceful_s, log_level, grace_over)
         self._thread = threading.Thread(target=self._server.run, name="kvtier-http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + start_timeout_s

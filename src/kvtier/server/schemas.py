@@ -55,6 +55,13 @@ class GenerationRequest(BaseModel):
             raise ValueError(f"give at most {MAX_STOP_STRINGS} non-empty stop strings")
         return strings
 
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, options: StreamOptions | None, info: Any) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed with stream: true")
+        return options
+
     @field_validator("n")
     @classmethod
     def _one_choice(cls, n: int) -> int:

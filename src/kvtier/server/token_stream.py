@@ -6,6 +6,8 @@ import asyncio
 import threading
 from dataclasses import dataclass
 
+SHUTTING_DOWN = "the server is shutting down"  # why requests still unfinished at shutdown failed
+
 
 @dataclass(frozen=True)
 class Finished:
