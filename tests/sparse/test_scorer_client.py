@@ -121,6 +121,22 @@ def test_after_max_restarts_the_host_keeps_scoring(pool):
         client.close()
 
 
+def test_a_replacement_that_does_not_start_leaves_the_host_scoring(pool, monkeypatch):
+    channel, file, keys = pool
+    client = _client(channel, file)
+    try:
+        os.kill(client.process.pid, signal.SIGKILL)
+        client.process.wait()
+        monkeypatch.setattr("kvtier.sparse.scorer_client.sys.executable", "/bin/false")  # the restart exits at once
+        for layer in (0, 1):
+            client.request(layer, channel.query, TOKENS)
+            client.scores()
+            np.testing.assert_array_equal(channel.results[1, :TOKENS]["score"], _expected(channel, keys, layer, 1))
+        assert client.process is None and client.restarts == 1 and client.host_scored_requests == 2
+    finally:
+        client.close()
+
+
 def test_memory_budget_keeps_sketches_until_the_layer_is_rewritten(pool):
     channel, file, keys = pool
     client = _client(channel, file, memory_budget=10 * 2**20)

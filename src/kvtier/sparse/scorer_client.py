@@ -165,7 +165,12 @@ class ScorerClient:
             return
         self.restarts += 1
         self.config["crash_after_blocks"] = -1  # injected faults happen once
-        self._start()
+        try:
+            self._start()
+        except StorageError as error:  # the generation goes on; only the first start must succeed
+            log.warning("%s; the host scores the cold pool from now on", error)
+            self.process = None
+            self.max_restarts = self.restarts  # one that cannot start now will not start at the next layer
 
     # ----- process lifetime -----
 
