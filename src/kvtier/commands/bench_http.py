@@ -21,7 +21,7 @@ from kvtier.commands.bench_options import check_writable
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import ConfigError
 from kvtier.models.loader import load_model
-from kvtier.models.paths import cache_dir
+from kvtier.paths import cache_dir
 from kvtier.serve.engine import EngineConfig
 from kvtier.server.bench import CLIENT_LEVELS, requests_for, run_http_benchmark
 

@@ -28,7 +28,7 @@ from kvtier.commands.bench_options import add_device_options
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import StorageError
 from kvtier.models.loader import load_model
-from kvtier.models.paths import cache_dir
+from kvtier.paths import cache_dir
 from kvtier.serve.bench import SWEEP_BLOCKS, run_serve_benchmark
 from kvtier.serve.workload import Workload
 from kvtier.units import format_size, parse_size

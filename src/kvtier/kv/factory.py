@@ -17,7 +17,7 @@ from kvtier.baselines.runtime import TierSetup
 from kvtier.errors import ConfigError, StorageError
 from kvtier.kv.budget import tier_capacity
 from kvtier.kv.offload import OffloadCache, OffloadLayer, TieredStore
-from kvtier.models.paths import cache_dir
+from kvtier.paths import cache_dir
 from kvtier.sparse.cache import make_sparse_cache
 from kvtier.sparse.settings import SparseSettings, parse_beta
 from kvtier.storage import IOEngine, KVBlockFile, KVGeometry

@@ -29,7 +29,7 @@ import torch
 
 from kvtier.errors import ConfigError
 from kvtier.generation import prompt_ids
-from kvtier.models.paths import cache_dir
+from kvtier.paths import cache_dir
 from kvtier.serve.block_manager import BlockManager
 from kvtier.serve.dram_swap import DramSwap
 from kvtier.serve.flash_swap import FlashSwap

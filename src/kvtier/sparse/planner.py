@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from kvtier.models.paths import cache_dir
+from kvtier.paths import cache_dir
 from kvtier.sparse.cold_pool import ColdPool
 from kvtier.sparse.hot_pool import HotPool
 from kvtier.sparse.placement import split_hot_cold

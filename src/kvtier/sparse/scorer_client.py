@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-import kvtier
 from kvtier.errors import StorageError
 from kvtier.sparse.protocol import (
     CONTROL_COLD_TOKENS, CONTROL_LAYER, CONTROL_REQUEST, OP_SCORE, OP_STOP, REQUEST, RESPONSE, STATUS_OK, Channel,
@@ -173,7 +172,7 @@ class ScorerClient:
         request_read, self._request_fd = os.pipe()
         self._response_fd, response_write = os.pipe()
         config = dict(self.config, request_fd=request_read, response_fd=response_write)
-        source_root = str(Path(kvtier.__file__).resolve().parents[1])
+        source_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")])))
         try:
