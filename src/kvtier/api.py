@@ -1,9 +1,10 @@
 """The Python API in one place: load a model, generate with a KV mode, or get a Cache for model.generate."""
 
-from kvtier.generation import GenerationResult, generate, prompt_ids
-from kvtier.kv.factory import KVConfig
-from kvtier.kv.factory import make_cache as _make_cache_for_model
+from kvtier.generation import GenerationResult, generate
 from kvtier.models.loader import LoadedModel, load_model
+from kvtier.models.prompts import prompt_ids
+from kvtier.modes import KVConfig
+from kvtier.modes import make_cache as _make_cache_for_model
 
 
 def make_cache(llm: LoadedModel, kv_config: KVConfig | None = None, max_tokens: int | None = None, batch_size: int = 1):

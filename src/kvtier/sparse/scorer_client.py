@@ -4,7 +4,7 @@ The client is the host's one seam to the cold tier's scorer: it owns every
 read and write of the shared channel. `request(layer, query, cold_tokens)`
 returns at once so the host scores its hot pool while the scorer works;
 `scores()` blocks until the layer's cold scores are in and returns them.
-Fault handling (the issue's "fault tolerance"):
+Fault handling:
 
 - The scorer dies: its end of the response pipe closes, so `wait()` sees end
   of file at once (a request written after its death gets EPIPE). Detection
