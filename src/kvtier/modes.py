@@ -138,10 +138,13 @@ def _kv_file_path(storage_dir: str | None) -> Path:
 
 
 def _storage_directory(storage_dir: str | None) -> Path:
-    """The directory for KV files (created when it is the default), checked to be writable."""
+    """The directory for KV files, checked to be writable. The default is created with its parents; a given one
+    is created when its parent exists (as Hugging Face cache dirs and LMCache disk paths are)."""
     directory = Path(storage_dir) if storage_dir else default_storage_dir()
     if storage_dir is None:
         directory.mkdir(parents=True, exist_ok=True)
+    elif not directory.exists() and directory.parent.is_dir():
+        directory.mkdir(exist_ok=True)
     if not directory.is_dir():
         raise StorageError(f"storage dir {directory} does not exist or is not a directory")
     if not os.access(directory, os.W_OK):
