@@ -46,6 +46,7 @@ class KVConfig:
     beta: str | float = "auto"
     sink: int = 4
     recent: int = 64
+    policy: str = "hit"  # sparse migration policy
 
     def validated(self) -> "KVConfig":
         if self.kv not in KV_MODES:
@@ -61,7 +62,7 @@ class KVConfig:
     def sparse_settings(self) -> SparseSettings:
         """The sparse-mode settings these options describe (validated)."""
         return SparseSettings(alpha=self.alpha, score_bits=self.score_bits, beta=parse_beta(self.beta),
-                              sink=self.sink, recent=self.recent).validated()
+                              sink=self.sink, recent=self.recent, policy=self.policy).validated()
 
 
 def default_storage_dir() -> Path:

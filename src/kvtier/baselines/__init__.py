@@ -1,4 +1,4 @@
-"""The HillInfer paper's baselines, run under the same tiers, budgets and I/O layer as --kv sparse: `--kv h2o|infinigen|leoam`.
+"""The HillInfer paper's baselines under the tiers, budgets and I/O layer of --kv sparse: `--kv h2o|infinigen|leoam`.
 
 Every baseline keeps the KV where the other modes do (device window, host
 DRAM, a KVBlockFile read with O_DIRECT through the IOEngine, the same block

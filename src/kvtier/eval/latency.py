@@ -31,11 +31,10 @@ from kvtier.eval.needle_grid import ANSWER_TOKENS, needle_cell
 from kvtier.eval.record import ResultStore, spread
 from kvtier.eval.traffic import cache_bypass, sparse_details, step_traffic
 from kvtier.kv.contract import tier_bytes
-from kvtier.kv.geometry import full_attention_layers, text_config
 from kvtier.modes import KVConfig, make_cache
-from kvtier.sparse.cache import SparseCache, make_sparse_cache
+from kvtier.sparse.cache import SparseCache
 from kvtier.threads import thread_settings
-from kvtier.units import format_size, parse_size
+from kvtier.units import format_size
 
 WARMUP_STEPS = 1
 NEEDLE_PROMPT_RESERVE = 128 + ANSWER_TOKENS  # chat template, question and answer around a haystack
@@ -101,13 +100,10 @@ def prompt_batch(tokenizer, corpus_text: str, tokens: int, batch: int) -> torch.
 
 
 def build_cache(model, cell: Cell, kv_config: KVConfig, max_tokens: int, model_id: str):
-    """The cell's cache: its mode through make_cache, or a sparse cache with another migration policy."""
-    if cell.policy is None:
-        return make_cache(model, kv_config, max_tokens, cell.batch, model_id)
-    settings = replace(kv_config.sparse_settings(), policy=cell.policy)
-    return make_sparse_cache(model, settings, max_tokens, cell.batch, kv_config.storage_dir,
-                             parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget),
-                             full_attention_layers(text_config(model)), kv_config.io_threads)
+    """The cell's cache: its mode through make_cache, with the cell's migration policy where it names one."""
+    if cell.policy is not None:
+        kv_config = replace(kv_config, policy=cell.policy)
+    return make_cache(model, kv_config, max_tokens, cell.batch, model_id)
 
 
 def measure_once(llm, cell: Cell, kv_config: KVConfig, ids: torch.Tensor, options: RunOptions) -> dict:

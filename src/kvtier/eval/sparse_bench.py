@@ -27,10 +27,10 @@ from kvtier.eval.decode_timing import measure_decode
 from kvtier.eval.prefill_tape import PrefillTape, record, recorded_tokens
 from kvtier.eval.record import machine_info
 from kvtier.eval.traffic import sparse_details
-from kvtier.kv.geometry import full_attention_layers, model_geometry, text_config
+from kvtier.kv.geometry import model_geometry
 from kvtier.kv.offload import OffloadCache
 from kvtier.modes import KVConfig, make_cache
-from kvtier.sparse.cache import SparseCache, make_sparse_cache
+from kvtier.sparse.cache import SparseCache
 from kvtier.sparse.planner import load_or_calibrate
 from kvtier.sparse.recall import ESTIMATES, edge_mass, estimate, exact_mass, recall_at
 from kvtier.sparse.settings import SparseSettings
@@ -64,7 +64,6 @@ def run_sparse_benchmark(llm, bench: SparseBench, storage_dir: str, device: str,
     started = time.perf_counter()
     ids = _prompt(llm, bench.context, bench.batch, bench.corpus).to(model.device)
     tape = _record_prompt(model, ids, bench.prefill_chunk)
-    tiered = full_attention_layers(text_config(model))
     kv_bytes = kv_bytes_per_token(model) * bench.context * bench.batch
     device_budget, host_budget = budget_bytes(model, bench.context, BudgetShares(host=bench.host_share), bench.batch)
     result = {"model": llm.name, "device": device, "dtype": dtype,
@@ -78,7 +77,7 @@ def run_sparse_benchmark(llm, bench: SparseBench, storage_dir: str, device: str,
         with decoding("sparse"):  # the rates of the threads and cores the sparse path decodes on
             result["calibration"] = vars(load_or_calibrate(storage_dir, geometry.num_kv_heads, geometry.head_dim,
                                                            model.dtype, bench.score_bits, "sum", refresh=True))
-    builders = _mode_builders(model, llm.model_id, tape, bench, storage_dir, device_budget, host_budget, tiered)
+    builders = _mode_builders(model, llm.model_id, tape, bench, storage_dir, device_budget, host_budget)
     rounds = [{label: _measure(model, build(), tape, bench, label) for label, build in builders.items()}
               for _ in range(bench.repeats)]
     result["repeats"] = bench.repeats
@@ -89,7 +88,7 @@ def run_sparse_benchmark(llm, bench: SparseBench, storage_dir: str, device: str,
 
 
 def _mode_builders(model, model_id: str, tape: PrefillTape, bench: SparseBench, storage_dir: str,
-                   device_budget: int, host_budget: int, tiered: list[int]) -> dict:
+                   device_budget: int, host_budget: int) -> dict:
     """label -> a function making that mode's fresh cache, in the order a round runs them."""
     max_tokens = tape.ids.shape[1] + bench.new_tokens + 1
     builders = {}
@@ -100,10 +99,11 @@ def _mode_builders(model, model_id: str, tape: PrefillTape, bench: SparseBench, 
                            storage_dir=storage_dir)
         builders["offload"] = lambda: make_cache(model, offload, max_tokens, bench.batch, model_id)
     for policy in bench.policies.split(","):
-        settings = SparseSettings(alpha=bench.alpha, score_bits=bench.score_bits, policy=policy,
-                                  beta=None if bench.beta == "auto" else float(bench.beta))
-        builders[f"sparse-{policy}"] = lambda settings=settings: make_sparse_cache(
-            model, settings, max_tokens, bench.batch, storage_dir, device_budget, host_budget, tiered)
+        sparse = KVConfig(kv="sparse", device_kv_budget=device_budget, host_kv_budget=host_budget,
+                          storage_dir=storage_dir, alpha=bench.alpha, score_bits=bench.score_bits, beta=bench.beta,
+                          policy=policy)
+        builders[f"sparse-{policy}"] = lambda sparse=sparse: make_cache(model, sparse, max_tokens, bench.batch,
+                                                                        model_id)
     return builders
 
 
