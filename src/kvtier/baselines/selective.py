@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -33,10 +33,12 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
-from kvtier.baselines.runtime import SelectiveRuntime, TierSetup, plan_capacity, tiered_geometry
+from kvtier.baselines.runtime import SelectiveRuntime, TierSetup, plan_capacity
 from kvtier.baselines.store import SelectiveStore
 from kvtier.errors import ConfigError
+from kvtier.kv.contract import SelectiveKVCache
 from kvtier.kv.gather import select_columns, take_tokens
+from kvtier.kv.geometry import model_geometry, text_config
 from kvtier.sparse import attention
 from kvtier.sparse.hot_pool import HotPool
 from kvtier.storage import K, IOStats
@@ -253,7 +255,7 @@ def grouped_query(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query[:, :, 0].float().cpu().reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
 
 
-class SelectiveCache(Cache):
+class SelectiveCache(Cache, SelectiveKVCache):
     """Cache for `model(..., cache=...)` whose tiered layers attend what their baseline selects.
 
     Sliding-window layers (Gemma 3) keep their bounded window on the device.
@@ -291,11 +293,11 @@ def build_cache(model, setup: TierSetup, make_layer: Callable[[int, SelectiveRun
     `host_reserved` bytes of the host budget pay for `reserved_for`; `buffers` staging buffers for the KV file;
     `extra_stores` more block files (name -> rows per layer and sequence), as `runtime.extra[name]`.
     """
-    geometry = tiered_geometry(model, setup.tiered_layers)
+    geometry = model_geometry(model, setup.tiered_layers)
     capacity = plan_capacity(setup, geometry, host_reserved, reserved_for)
     attention.install(model)
     runtime = SelectiveRuntime(setup, geometry, capacity, buffers, extra_stores)
-    config = model.config.get_text_config(decoder=True)
+    config = text_config(model)
     try:
         layers = [make_layer(index, runtime) if index in setup.tiered_layers
                   else DynamicSlidingWindowLayer(sliding_window=config.sliding_window)

@@ -22,7 +22,7 @@ import torch
 
 from kvtier.errors import KvtierError
 from kvtier.generation import GenerationResult, generate
-from kvtier.kv.factory import KVConfig
+from kvtier.modes import KVConfig
 from kvtier.serve.sampler import Sampler
 from kvtier.serve.sequence import SamplingParams
 from kvtier.server.token_stream import TokenStream
