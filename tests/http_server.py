@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtier.kv.factory import KVConfig
+from kvtier.modes import KVConfig
 from kvtier.serve.engine import EngineConfig
 from kvtier.server.app import create_app
 from kvtier.server.backend import Backend, ServerSettings, SparseSetup, build_backend

@@ -6,7 +6,7 @@ import torch
 import kvtier
 from kvtier.data.corpus import generate_text
 from kvtier.generation import GenerationCancelled
-from kvtier.kv.factory import KVConfig
+from kvtier.modes import KVConfig
 from kvtier.threads import decode_threads
 
 pytestmark = pytest.mark.model

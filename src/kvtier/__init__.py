@@ -1,6 +1,6 @@
 """kvtier: a tiered KV-cache runtime for long-context LLM inference.
 
-Public API (see README "Python API"): load_model, generate, make_cache, prompt_ids, KVConfig.
+Public API (README "Quick start"; kvtier.api): load_model, generate, make_cache, prompt_ids, KVConfig.
 They are imported lazily so that `import kvtier.storage` stays free of torch and transformers.
 """
 

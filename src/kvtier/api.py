@@ -1,20 +1,28 @@
 """The Python API in one place: load a model, generate with a KV mode, or get a Cache for model.generate."""
 
-from kvtier.generation import GenerationResult, generate, prompt_ids
-from kvtier.kv.factory import KVConfig
-from kvtier.kv.factory import make_cache as _make_cache_for_model
+from kvtier.generation import GenerationResult, generate
+from kvtier.kv.contract import KVCache
+from kvtier.kv.geometry import text_config
 from kvtier.models.loader import LoadedModel, load_model
+from kvtier.models.prompts import prompt_ids
+from kvtier.modes import KVConfig
+from kvtier.modes import make_cache as _make_cache_for_model
 
 
-def make_cache(llm: LoadedModel, kv_config: KVConfig | None = None, max_tokens: int | None = None, batch_size: int = 1):
-    """A transformers Cache for `llm.model(..., cache=...)` / `llm.model.generate(..., cache=...)`.
+def make_cache(llm, kv_config: KVConfig | None = None, max_tokens: int | None = None, batch_size: int = 1) -> KVCache:
+    """A transformers Cache for `model(..., cache=...)` / `model.generate(..., cache=...)`.
 
-    `max_tokens` (prompt + new tokens per sequence) sizes the KV file of an offload cache; it
-    defaults to the model's context length. Offload caches own a file: call `cache.close()`.
+    `llm` is a kvtier `LoadedModel` or a model loaded with transformers (`AutoModelForCausalLM`).
+    `max_tokens` (prompt + new tokens per sequence) sizes the cache's files; it defaults to the
+    model's context length. Tiered caches own files: call `cache.close()`, or use the cache as a
+    context manager.
     """
-    return _make_cache_for_model(
-        llm.model, kv_config or KVConfig(), max_tokens or llm.context_length, batch_size, llm.model_id
-    )
+    if isinstance(llm, LoadedModel):
+        model, context_length, model_id = llm.model, llm.context_length, llm.model_id
+    else:
+        model, model_id = llm, f"hf:{llm.config.name_or_path or type(llm).__name__}"
+        context_length = text_config(llm).max_position_embeddings
+    return _make_cache_for_model(model, kv_config or KVConfig(), max_tokens or context_length, batch_size, model_id)
 
 
 __all__ = ["GenerationResult", "KVConfig", "LoadedModel", "generate", "load_model", "make_cache", "prompt_ids"]

@@ -8,8 +8,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm import tqdm
 
-from kvtier.errors import ContextTooLongError
-from kvtier.kv.factory import KVConfig, close_cache, disk_bytes, make_cache, place_prompt, scorer_restarts, tier_bytes
+from kvtier.kv.contract import tier_bytes
+from kvtier.models.prompts import check_context, prompt_ids
+from kvtier.modes import KVConfig, make_cache
+from kvtier.sparse.cache import SparseCache
 from kvtier.store.entry import CorruptEntry, EntryWriter
 from kvtier.store.reuse import PromptReuse
 from kvtier.store.store import DocumentStore
@@ -47,26 +49,6 @@ class GenerationResult:
         return asdict(self)
 
 
-def prompt_ids(llm, prompt: str) -> torch.Tensor:
-    """Token ids of `prompt` as a single user turn (chat template when the model has one), shape [1, n]."""
-    if llm.has_chat_template:
-        messages = [{"role": "user", "content": prompt}]
-        ids = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-    else:
-        ids = llm.tokenizer(prompt)["input_ids"]
-    ids = ids["input_ids"] if isinstance(ids, dict) else ids
-    return torch.tensor([list(ids)], dtype=torch.long)
-
-
-def check_context(llm, prompt_tokens: int, max_new_tokens: int) -> None:
-    total = prompt_tokens + max_new_tokens
-    if total > llm.context_length:
-        raise ContextTooLongError(
-            f"prompt of {prompt_tokens} tokens + {max_new_tokens} new tokens exceeds the {llm.context_length}-token "
-            f"context of {llm.name}; shorten the input or lower --max-new-tokens"
-        )
-
-
 def _eos_ids(llm) -> set[int]:
     eos = llm.model.generation_config.eos_token_id
     if eos is None:
@@ -74,17 +56,28 @@ def _eos_ids(llm) -> set[int]:
     return set(eos) if isinstance(eos, (list, tuple)) else {eos}
 
 
-def _prefill(model, input_ids: torch.Tensor, cache, chunk: int, progress: bool, watch: Watch | None) -> torch.Tensor:
-    """Run the prompt through the model in chunks of `chunk` tokens; return the last position's logits."""
-    total = input_ids.shape[1]
-    with tqdm(total=total, desc="prefill", unit="tok", disable=not progress, file=sys.stderr, leave=False) as bar:
-        for start in range(0, total, chunk):
-            piece = input_ids[:, start : start + chunk]
-            logits = model(input_ids=piece, cache=cache, use_cache=True, logits_to_keep=1).logits
-            bar.update(piece.shape[1])
+def prefill(model, cache, ids: torch.Tensor, chunk: int, on_chunk: Callable[[int], object] = lambda tokens: None
+            ) -> torch.Tensor:
+    """Feed the prompt `ids` [B, N] `chunk` tokens per forward pass (bounds the attention's memory), calling
+    `on_chunk(tokens)` after each; the last position's logits [B, vocab]."""
+    for start in range(0, ids.shape[1], chunk):
+        piece = ids[:, start : start + chunk]
+        logits = model(input_ids=piece, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        on_chunk(piece.shape[1])
+    return logits
+
+
+def _prefill_with_progress(model, ids: torch.Tensor, cache, chunk: int, progress: bool,
+                           watch: Watch | None) -> torch.Tensor:
+    with tqdm(total=ids.shape[1], desc="prefill", unit="tok", disable=not progress, file=sys.stderr,
+              leave=False) as bar:
+
+        def on_chunk(tokens: int) -> None:
+            bar.update(tokens)
             if watch is not None and watch(cache):
                 raise GenerationCancelled("cancelled during the prefill")
-    return logits[:, -1, :]
+
+        return prefill(model, cache, ids, chunk, on_chunk)
 
 
 def generate(
@@ -124,18 +117,18 @@ def generate(
         cache, logits, started = prompt_in.into_cache(reuse)
         try:
             with decoding(kv_config.kv):  # sparse: a core for the scorer process
-                place_prompt(cache)  # under the decode's threads: the sparse path calibrates APP there
+                cache.place_prompt()  # under the decode's threads: the sparse path calibrates APP there
                 prefilled = time.perf_counter()
                 new_ids, first_token_at = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text,
                                                    on_token, choose, watch)
             finished = time.perf_counter()
             kv_bytes = tier_bytes(cache, model)
-            read, written = disk_bytes(cache)
-            restarts = scorer_restarts(cache)
+            io = cache.io_stats()
+            restarts = cache.runtime.scorer.restarts if isinstance(cache, SparseCache) else 0
         finally:
             if reuse is not None:
                 reuse.publish(prompt_in.writer)
-            close_cache(cache)
+            cache.close()
     passes = max(len(new_ids) - 1, 1)
     return GenerationResult(
         text=llm.tokenizer.decode(new_ids, skip_special_tokens=True),
@@ -146,8 +139,8 @@ def generate(
         prefill_s=prefilled - started,
         decode_s=finished - prefilled,
         ms_per_token=(finished - prefilled) * 1000 / passes,
-        disk_bytes_read=read,
-        disk_bytes_written=written,
+        disk_bytes_read=io.bytes_read,
+        disk_bytes_written=io.bytes_written,
         kv_bytes=kv_bytes,
         reused_prompt_tokens=prompt_in.reused,
         kv_store_bytes_read=reuse.bytes_read if reuse is not None else 0,
@@ -185,18 +178,18 @@ class _PromptIn:
             self.writer = writer
             return cache, logits, started
         except CorruptEntry:
-            close_cache(cache)
+            cache.close()
             if reuse.store.on_corrupt == "fail":
                 raise
             reuse.forget_match()
             return self.into_cache(reuse)
         except BaseException:
-            close_cache(cache)
+            cache.close()
             raise
 
     def _prefill(self, cache, start: int) -> torch.Tensor:
         ids = self.ids[:, start:].to(self.llm.model.device)
-        return _prefill(self.llm.model, ids, cache, self.chunk, self.progress, self.watch)
+        return _prefill_with_progress(self.llm.model, ids, cache, self.chunk, self.progress, self.watch)
 
 
 def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer, on_text, on_token,

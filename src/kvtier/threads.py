@@ -4,8 +4,7 @@ The sparse path's storage scorer is a process of its own that works during decod
 core: on the 2-core development VM `--kv sparse` decodes on one torch thread (torch's spinning
 pool starves the scorer otherwise). Every other mode has no such process and decodes on every core:
 holding a baseline to fewer threads because our system needs a core would flatter us
-(`--kv offload`, smollm2-135m at 8K, two alternating runs each: 240 / 237 ms per step on 2 threads,
-265 / 258 ms on 1). Prefill is dense in every mode and runs before the scorer has work: every core.
+(docs/decisions.md has the measurement). Prefill is dense in every mode and runs before the scorer has work: every core.
 `kvtier generate` and the benchmarks decode under `decode_threads`; the sparse path's APP
 calibration is kept per thread count (kvtier.sparse.planner), as its host rates scale with it.
 """

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache
+from kvtier.kv.geometry import full_attention_layers
+from kvtier.modes import KVConfig, make_cache
 from kvtier.storage import KVGeometry
 from kvtier.storage.pages import pages_holding
 
@@ -96,7 +97,7 @@ def run_watched(model, kv_config: KVConfig, prompt: torch.Tensor, steps: int):
     try:
         logits = greedy(model, cache, prompt, steps)
     finally:
-        close_cache(cache)
+        cache.close()
     return logits, seen, cache.io_stats().bytes_read, cache
 
 

@@ -5,7 +5,7 @@ import numpy as np
 from baseline_runs import BLOCK_BYTES, config, greedy, ids, run_watched
 from kvtier.baselines import h2o
 from kvtier.baselines.h2o import HeavyHitters
-from kvtier.kv.factory import close_cache, make_cache
+from kvtier.modes import make_cache
 
 
 def test_the_largest_accumulated_mass_wins_over_the_latest_step():
@@ -25,7 +25,7 @@ def _prompt_mass(model, tmp_path, prompt, chunk):
         greedy(model, cache, prompt, steps=0, chunk=chunk)
         return [layer.hitters.mass.copy() for layer in cache.layers]
     finally:
-        close_cache(cache)
+        cache.close()
 
 
 def test_the_prompt_mass_is_every_prompt_querys_attention(tiny_llama, tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ import torch
 from baseline_runs import BLOCK_BYTES, config, greedy, ids, run_watched
 from kvtier.baselines import runtime
 from kvtier.baselines.infinigen import approximate_scores, choose_channels, speculative_query, take_channels
-from kvtier.kv.factory import close_cache, make_cache
+from kvtier.modes import make_cache
 from kvtier.storage import PAGE
 
 
@@ -38,7 +38,7 @@ def test_the_speculative_query_from_a_layers_own_input_is_its_query(request, tmp
         greedy(model, cache, ids(1, 50, 1), steps=3)
     finally:
         hook.remove()
-        close_cache(cache)
+        cache.close()
     for step, query in enumerate(queries):  # one prefill pass, then the 3 decode passes
         speculated = speculative_query(model, layer, inputs[-3 + step], 50 + step)
         torch.testing.assert_close(speculated, query, rtol=1e-5, atol=1e-5)
@@ -53,7 +53,7 @@ def test_speculation_runs_before_the_previous_layer_and_hooks_go_with_the_cache(
         assert len(decoder[0]._forward_pre_hooks) == 1 and not decoder[1]._forward_pre_hooks  # layer 0 has no previous
         greedy(tiny_llama, cache, ids(1, 100, 2), steps=4)
     finally:
-        close_cache(cache)
+        cache.close()
     assert ahead[::2] == [True] * 4  # layer 1's selection was submitted when layer 0 attended
     assert not decoder[0]._forward_pre_hooks
 

@@ -7,7 +7,7 @@ from baseline_runs import BLOCK_BYTES, config, greedy, ids, watch
 from kvtier.baselines.chunks import ChunkTable, chunk_ends, cover, key_scores, upper_bounds
 from kvtier.baselines.leoam import make_leoam_cache
 from kvtier.baselines.runtime import TierSetup
-from kvtier.kv.factory import close_cache
+
 
 
 def test_important_regions_get_fine_chunks_and_no_chunk_crosses_a_block():
@@ -65,7 +65,7 @@ def test_each_step_reads_the_abstracts_and_the_chosen_chunks_only(tiny_llama, tm
     try:
         greedy(tiny_llama, cache, prompt, 4)
     finally:
-        close_cache(cache)
+        cache.close()
     abstract_blocks = [step.extra for step in seen]  # per sequence; K region (mins) and V region (maxs)
     chosen_blocks = sum(step.disk_blocks for step in seen)  # K and V of each
     prefetched = cache.layers[0].abstracts.stored_blocks[0]  # the last step prefetched layer 0's abstracts

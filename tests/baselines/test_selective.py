@@ -5,7 +5,8 @@ import torch
 
 from baseline_runs import BLOCK, MODES, RECENT, SINK, attended_count, config, dense, greedy, ids, run_watched
 from kvtier.errors import ConfigError
-from kvtier.kv.factory import KV_MODES, KVConfig, close_cache, make_cache, tier_bytes
+from kvtier.kv.contract import tier_bytes
+from kvtier.modes import KV_MODES, KVConfig, make_cache
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -46,7 +47,7 @@ def test_gemma3_sliding_layers_stay_dense_on_the_device(tiny_gemma3, tmp_path, k
         assert cache.layers[0].keys.shape[2] <= 16
         assert tier_bytes(cache, tiny_gemma3)["storage"] > 0
     finally:
-        close_cache(cache)
+        cache.close()
     assert torch.equal(logits, dense(tiny_gemma3, prompt, 6))
 
 
@@ -58,7 +59,7 @@ def test_the_host_tier_stays_within_its_budget(tiny_llama, tmp_path):
         assert sizes["host"] <= 2 * BLOCK * 2 * 128 * 2 and sizes["storage"] > sizes["host"]
         assert all(layer.tier_tokens()["storage"] % BLOCK == 0 for layer in cache.layers)
     finally:
-        close_cache(cache)
+        cache.close()
 
 
 @pytest.mark.parametrize("kv", MODES)

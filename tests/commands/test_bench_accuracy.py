@@ -5,8 +5,7 @@ import json
 import pytest
 
 from kvtier.cli import main
-from kvtier.commands import bench_accuracy
-from kvtier.commands.bench_accuracy import GRIDS, full_contexts
+from kvtier.eval import accuracy
 
 MODES = "dense,offload,sparse"
 
@@ -46,8 +45,8 @@ def test_writes_json_and_markdown_then_skips_finished_cells(tiny_model_dir, tmp_
     def must_not_run(*args, **kwargs):
         raise AssertionError("a finished cell ran again")
 
-    monkeypatch.setattr(bench_accuracy, "needle_cell", must_not_run)
-    monkeypatch.setattr(bench_accuracy, "perplexity_cell", must_not_run)
+    monkeypatch.setattr(accuracy, "needle_cell", must_not_run)
+    monkeypatch.setattr(accuracy, "perplexity_cell", must_not_run)
     assert _bench(tiny_model_dir, tmp_path, "--modes", MODES) == 0
     assert "9 cells, 9 already finished" in capsys.readouterr().err
 
@@ -80,9 +79,3 @@ def test_unwritable_out_is_a_one_line_error(tiny_model_dir, tmp_path, capsys):
                                            ("--contexts", "1024,lots"), ("--host-share", "0")])
 def test_bad_grid_options_are_one_line_errors(tiny_model_dir, tmp_path, capsys, option, value):
     _one_line_error(capsys, _bench(tiny_model_dir, tmp_path, "--modes", "dense", option, value))
-
-
-def test_full_grid_doubles_contexts_up_to_the_usable_context():
-    assert full_contexts(8192, 256) == (1024, 2048, 4096, 7936)
-    assert full_contexts(32768, 256)[-2:] == (16384, 32512)
-    assert GRIDS["small"].contexts and GRIDS["full"].contexts is None

@@ -4,7 +4,6 @@ import json
 import sys
 
 from kvtier.cli import main
-from kvtier.commands.bench_report import appendices
 
 SPARSE_RESULT = {"model": "tiny", "context": 256, "batch": 1, "alpha": 0.2, "score_bits": 8, "host_budget_bytes": 4096,
                  "prompt_kv_bytes": 8192, "new_tokens": 2, "torch_threads": 1, "modes": {}, "recall": {}}
@@ -34,13 +33,6 @@ def test_report_of_a_latency_run_has_its_table_and_plot(tiny_model_dir, tmp_path
     assert "_Not run yet: `kvtier bench latency --experiments b`._" in report
     assert "## Sparse vs offload (`sparse-tiny-256-b1.json`)" in report and "### sparse vs offload: tiny" in report
     assert (out / "plots" / f"latency-context-{tiny_model_dir.name}-small.png").stat().st_size > 0
-
-
-def test_appendices_render_sparse_files_in_name_order(tmp_path):
-    for context in (512, 256):
-        (tmp_path / f"sparse-tiny-{context}-b1.json").write_text(json.dumps(SPARSE_RESULT | {"context": context}))
-    titles = [title for title, _ in appendices(tmp_path)]
-    assert titles == ["Sparse vs offload (`sparse-tiny-256-b1.json`)", "Sparse vs offload (`sparse-tiny-512-b1.json`)"]
 
 
 def test_missing_matplotlib_is_a_one_line_error_naming_the_extra(tmp_path, capsys, monkeypatch):

@@ -5,13 +5,7 @@ Mechanics only: no assertion here is about speed.
 
 import json
 
-import pytest
-import torch
-
 from kvtier.cli import main
-from kvtier.commands.bench_sparse import selection_recall, write_results
-from kvtier.eval.prefill_tape import record
-from kvtier.models.loader import load_model
 from kvtier.threads import decode_threads
 
 
@@ -62,37 +56,3 @@ def test_unwritable_results_directory_is_a_one_line_error(tiny_model_dir, tmp_pa
     assert _bench(tiny_model_dir, tmp_path) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("kvtier: error: results directory") and "Traceback" not in "\n".join(err)
-
-
-def test_recall_is_the_same_whether_the_prompt_is_fed_whole_or_in_chunks(tiny_model_dir):
-    """The capture must keep the causal mask: without it, chunks after the first attended only to themselves."""
-    model = load_model(str(tiny_model_dir)).model
-    ids = torch.randint(0, model.config.vocab_size, (1, 200), generator=torch.Generator().manual_seed(0))
-    whole = selection_recall(model, record(model, ids, 1000), 0.2)
-    chunked = selection_recall(model, record(model, ids, 64), 0.2)  # 192 tokens replayed, 8 computed
-    assert whole.keys() == chunked.keys()
-    for name in whole:
-        if name != "edge_mass":
-            assert chunked[name]["recall"] == pytest.approx(whole[name]["recall"], abs=1e-6)
-    assert chunked["edge_mass"] == pytest.approx(whole["edge_mass"], abs=1e-5)
-
-
-def _empty_result(score_bits: int) -> dict:
-    return {"model": "qwen2.5-0.5b", "context": 256, "batch": 1, "alpha": 0.2, "score_bits": score_bits,
-            "host_budget_bytes": 4096, "prompt_kv_bytes": 8192, "new_tokens": 2, "torch_threads": 1, "modes": {},
-            "recall": {}}
-
-
-def test_result_files_keep_a_dotted_model_name_whole(tmp_path):
-    write_results(_empty_result(8), tmp_path)
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["sparse-qwen2.5-0.5b-256-b1.json",
-                                                                "sparse-qwen2.5-0.5b-256-b1.md"]
-
-
-def test_an_int4_run_does_not_overwrite_the_int8_result(tmp_path):
-    write_results(_empty_result(8), tmp_path)
-    write_results(_empty_result(4), tmp_path)
-    assert sorted(path.name for path in tmp_path.iterdir()) == [
-        "sparse-qwen2.5-0.5b-256-b1-int4.json", "sparse-qwen2.5-0.5b-256-b1-int4.md",
-        "sparse-qwen2.5-0.5b-256-b1.json", "sparse-qwen2.5-0.5b-256-b1.md"]
-    assert "INT4 sketches" in (tmp_path / "sparse-qwen2.5-0.5b-256-b1-int4.md").read_text()

@@ -82,9 +82,22 @@ def test_missing_input_file(tmp_path, capsys):
     assert "missing.txt" in _one_line_error(capsys, rc)
 
 
+def test_empty_input_file(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text(" \n")
+    rc = main(["generate", "--file", str(empty)])
+    assert "empty.txt is empty" in _one_line_error(capsys, rc)
+
+
 def test_storage_dir_missing(tiny_model_dir, tmp_path, capsys):
-    rc = _generate(tiny_model_dir, "--kv", "offload", "--storage-dir", str(tmp_path / "nope"))
+    rc = _generate(tiny_model_dir, "--kv", "offload", "--storage-dir", str(tmp_path / "no" / "nope"))
     assert "does not exist" in _one_line_error(capsys, rc)
+
+
+def test_storage_dir_is_created_when_its_parent_exists(tiny_model_dir, tmp_path, capsys):
+    rc = _generate(tiny_model_dir, "--kv", "offload", "--storage-dir", str(tmp_path / "new"))
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())
 
 
 def test_budget_smaller_than_one_block(tiny_model_dir, tmp_path, capsys):

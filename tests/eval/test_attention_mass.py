@@ -10,7 +10,7 @@ import tiny_models
 from kvtier.eval.attention_mass import AttendedPositions, DenseAttentionProbe, mass_recall, reports_attended
 from kvtier.eval.budgets import BudgetShares, cell_kv_config
 from kvtier.eval.perplexity import perplexity_cell
-from kvtier.kv.factory import KVConfig, close_cache, make_cache
+from kvtier.modes import KVConfig, make_cache
 
 
 def test_mass_recall_is_the_mean_over_query_heads_of_the_attended_probability():
@@ -60,7 +60,7 @@ def test_dense_and_offload_do_not_report_attended_positions_sparse_does(tiny_llm
         assert reports_attended(sparse)
         assert not reports_attended(make_cache(model, KVConfig(), 300))
     finally:
-        close_cache(sparse)
+        sparse.close()
 
 
 def test_sparse_at_alpha_one_keeps_all_attention_mass(tiny_llm, corpus_text, tmp_path):

@@ -2,10 +2,9 @@
 
 import torch
 
-from transformers import DynamicCache
-
 from kvtier.eval.decode_timing import measure_decode
-from kvtier.kv.factory import KVConfig, close_cache, make_cache
+from kvtier.kv.dense import DenseCache
+from kvtier.modes import KVConfig, make_cache
 from kvtier.threads import torch_threads
 
 
@@ -17,7 +16,7 @@ def test_times_every_step_and_counts_disk_bytes(tiny_llm, tmp_path, capsys):
     try:
         measured = measure_decode(model, cache, ids, new_tokens=4, prefill_chunk=128, warmup_steps=1, label="offload")
     finally:
-        close_cache(cache)
+        cache.close()
     steps = measured["step_ms"]
     assert len(steps) == 4 and min(steps) <= measured["median_step_ms"] <= max(steps)
     assert abs(measured["ms_per_token"] - sum(steps) / 4) < 1e-6
@@ -26,7 +25,7 @@ def test_times_every_step_and_counts_disk_bytes(tiny_llm, tmp_path, capsys):
     assert "offload" in capsys.readouterr().err  # the progress bar names the run
 
 
-class _ThreadSpy(DynamicCache):
+class _ThreadSpy(DenseCache):
     """A dense cache that notes torch's thread count at every forward pass (prompt chunks and steps)."""
 
     def __init__(self, config):

@@ -13,7 +13,7 @@ from kvtier.eval.latency_grid import (ABLATION_STEPS, BETA_SWEEP_HOST_SHARE, GRI
                                       parse_experiments, parse_modes, workload)
 from kvtier.eval.record import ResultStore
 from kvtier.eval.traffic import DIRECTIONS, O_DIRECT
-from kvtier.kv.factory import KV_MODES
+from kvtier.modes import KV_MODES
 from kvtier.units import parse_size
 
 GRID = replace(GRIDS["small"], contexts=(256, 512), fixed_context=256, new_tokens=2, batches=(1, 2),

@@ -7,7 +7,7 @@ from kvtier.eval import needle_grid
 from kvtier.eval.budgets import BudgetShares, cell_kv_config
 from kvtier.eval.needle_grid import MULTI_NEEDLES, needle_cell, needle_prompt, needle_summary
 from kvtier.generation import GenerationResult
-from kvtier.kv.factory import KVConfig
+from kvtier.modes import KVConfig
 
 
 def test_single_needle_sits_at_its_depth(tiny_llm, corpus_text):

@@ -7,7 +7,7 @@ import pytest
 from kvtier.errors import ConfigError, ContextTooLongError
 from kvtier.eval.budgets import BudgetShares, cell_kv_config
 from kvtier.eval.perplexity import corpus_ids, perplexity_cell, perplexity_summary
-from kvtier.kv.factory import KVConfig
+from kvtier.modes import KVConfig
 
 
 def test_offload_perplexity_equals_dense_exactly_with_most_kv_on_disk(tiny_llm, corpus_text, tmp_path):

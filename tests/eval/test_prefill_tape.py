@@ -5,9 +5,10 @@ import gc
 import pytest
 import torch
 
-from kvtier.eval.decode_timing import measure_decode, prefill
+from kvtier.eval.decode_timing import measure_decode
+from kvtier.generation import prefill
 from kvtier.eval.prefill_tape import _RecordingCache, record
-from kvtier.kv.factory import KVConfig, close_cache, make_cache
+from kvtier.modes import KVConfig, make_cache
 
 PROMPT, CHUNK = 300, 128
 MODES = {
@@ -30,7 +31,7 @@ def _prefilled_logits(model, config: KVConfig, ids: torch.Tensor, tape=None) -> 
             logits = prefill(model, cache, ids, CHUNK) if tape is None else tape.prefill(model, cache)
         return logits, cache.get_seq_length()
     finally:
-        close_cache(cache)
+        cache.close()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -54,7 +55,7 @@ def test_a_replayed_sparse_prompt_decodes_the_same_tokens(tiny_llm, tmp_path):
         try:
             runs.append(measure_decode(model, cache, ids, new_tokens=5, prefill_chunk=CHUNK, tape=given))
         finally:
-            close_cache(cache)
+            cache.close()
     assert runs[0]["token_ids"] == runs[1]["token_ids"]
     assert [run["prefill_replayed"] for run in runs] == [False, True]
 

@@ -9,7 +9,7 @@ import pytest
 from kvtier.errors import ConfigError, StorageError
 from kvtier.eval.latency_grid import EXPERIMENTS, GRIDS, experiment_cells
 from kvtier.eval.record import ResultStore, cell_key
-from kvtier.eval.report import PLOTS_DIR, REPORT_NAME, demote_headings, write_report
+from kvtier.eval.report import PLOTS_DIR, REPORT_NAME, appendices, demote_headings, write_report
 from kvtier.eval.traffic import DIRECTIONS
 
 GRID = replace(GRIDS["small"], contexts=(1024, 2048), batches=(1, 2), stress_batches=(20,), betas=(0.5, 2.0),
@@ -139,3 +139,14 @@ def test_a_file_without_finished_cells_says_so(tmp_path):
     data = json.loads(path.read_text())
     path.write_text(json.dumps(data | {"cells": {}}))
     assert "_No finished cells yet._" in write_report(tmp_path)[0].read_text()
+
+
+SPARSE_RESULT = {"model": "tiny", "context": 256, "batch": 1, "alpha": 0.2, "score_bits": 8, "host_budget_bytes": 4096,
+                 "prompt_kv_bytes": 8192, "new_tokens": 2, "torch_threads": 1, "modes": {}, "recall": {}}
+
+
+def test_appendices_render_sparse_files_in_name_order(tmp_path):
+    for context in (512, 256):
+        (tmp_path / f"sparse-tiny-{context}-b1.json").write_text(json.dumps(SPARSE_RESULT | {"context": context}))
+    titles = [title for title, _ in appendices(tmp_path)]
+    assert titles == ["Sparse vs offload (`sparse-tiny-256-b1.json`)", "Sparse vs offload (`sparse-tiny-512-b1.json`)"]

@@ -1,6 +1,7 @@
 import torch
 
-from kvtier.kv.factory import KVConfig, close_cache, make_cache, tier_bytes
+from kvtier.kv.contract import tier_bytes
+from kvtier.modes import KVConfig, make_cache
 from kvtier.kv.offload import OffloadLayer
 
 BLOCK = 16
@@ -40,7 +41,7 @@ def test_offload_logits_equal_dense_bit_for_bit(tiny_llama, tmp_path):
         assert torch.equal(dense, offload)
         assert cache.store.file.io.stats.bytes_read > 0
     finally:
-        close_cache(cache)
+        cache.close()
 
 
 def test_tokens_spill_in_whole_blocks_oldest_first(tiny_llama, tmp_path):
@@ -56,21 +57,21 @@ def test_tokens_spill_in_whole_blocks_oldest_first(tiny_llama, tmp_path):
         sizes = tier_bytes(cache, tiny_llama)
         assert sizes["storage"] > sizes["host"] > 0
     finally:
-        close_cache(cache)
+        cache.close()
 
 
 def test_batch_of_two_matches_dense(tiny_llama, tmp_path):
     ids = torch.randint(0, 128, (2, 70), generator=torch.Generator().manual_seed(3))
     dense, _ = _run(tiny_llama, KVConfig(), ids, steps=8)
     offload, cache = _run(tiny_llama, _offload_config(tmp_path, tiny_llama, batch=2), ids, steps=8)
-    close_cache(cache)
+    cache.close()
     assert torch.equal(dense, offload)
 
 
 def test_close_removes_the_kv_file(tiny_llama, tmp_path):
     _, cache = _run(tiny_llama, _offload_config(tmp_path, tiny_llama), torch.zeros(1, 80, dtype=torch.long), steps=1)
     assert list(tmp_path.iterdir())
-    close_cache(cache)
+    cache.close()
     assert not list(tmp_path.iterdir())
 
 
@@ -84,4 +85,4 @@ def test_sliding_window_layers_stay_dense_on_device(tiny_gemma3, tmp_path):
         assert kinds == [False, True, False, True]
         assert torch.allclose(dense, offload, atol=0, rtol=0)
     finally:
-        close_cache(cache)
+        cache.close()

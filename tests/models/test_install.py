@@ -7,7 +7,7 @@ import pytest
 from kvtier.errors import ModelError
 from kvtier.models import install
 from kvtier.models.install import file_sha256, locate, model_status, pull
-from kvtier.models.paths import assembled_dir
+from kvtier.paths import assembled_dir
 from kvtier.models.registry import PackagedFile
 
 

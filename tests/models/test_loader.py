@@ -10,7 +10,7 @@ from kvtier.errors import ConfigError, ModelError
 from kvtier.models import loader
 from kvtier.models.install import file_sha256
 from kvtier.models.loader import converted_path, load_model
-from kvtier.models.paths import converted_dir
+from kvtier.paths import converted_dir
 
 
 def test_hf_directory_loads_its_saved_weights(tiny_hf_dir):

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from kvtier.errors import ConfigError
-from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache, tier_bytes
+from kvtier.kv.contract import tier_bytes
+from kvtier.kv.geometry import full_attention_layers
+from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import make_sparse_cache
 from kvtier.sparse.layer import SparseLayer
 from kvtier.sparse.settings import SparseSettings
@@ -60,7 +62,7 @@ def test_alpha_one_equals_dense_with_a_batch(tiny_llama, tmp_path):
         assert summary["selected_cold"] == summary["pooled_cold"] > 0  # alpha 1 fetched every cold token
         assert cache.runtime.scorer.host_scored_requests == 0
     finally:
-        close_cache(cache)
+        cache.close()
     _assert_dense_equivalent(sparse, _dense(tiny_llama, ids, 6))
     assert not list(tmp_path.iterdir())  # close removed the cold-pool files
 
@@ -84,7 +86,7 @@ def test_placement_respects_the_host_budget_and_keeps_the_window_on_the_device(t
         assert sizes["host"] <= 16 * 1024 and sizes["storage"] > sizes["host"]
         assert cache.io_stats().bytes_read > 0
     finally:
-        close_cache(cache)
+        cache.close()
 
 
 def test_sparse_attention_reads_a_fraction_of_the_cold_pool(tiny_llama, tmp_path):
@@ -97,7 +99,7 @@ def test_sparse_attention_reads_a_fraction_of_the_cold_pool(tiny_llama, tmp_path
         assert attended == pytest.approx(2 * np.ceil(0.1 * (summary["pooled_hot"] + summary["pooled_cold"]) / 2), abs=2)
         assert summary["selected_cold"] < summary["pooled_cold"]
     finally:
-        close_cache(cache)
+        cache.close()
 
 
 def test_killing_the_scorer_mid_generation_changes_nothing(tiny_llama, tmp_path):
@@ -106,7 +108,7 @@ def test_killing_the_scorer_mid_generation_changes_nothing(tiny_llama, tmp_path)
     try:
         reference = _run(tiny_llama, reference_cache, ids, 6)
     finally:
-        close_cache(reference_cache)
+        reference_cache.close()
 
     def kill_at_step_3(step, cache):
         if step == 3:
@@ -118,7 +120,7 @@ def test_killing_the_scorer_mid_generation_changes_nothing(tiny_llama, tmp_path)
         faulty = _run(tiny_llama, cache, ids, 6, between_steps=kill_at_step_3)
         assert cache.runtime.scorer.host_scored_requests == 1 and cache.runtime.scorer.restarts == 1
     finally:
-        close_cache(cache)
+        cache.close()
     assert torch.equal(reference, faulty)
 
 
@@ -128,14 +130,14 @@ def test_a_scorer_crash_inside_a_request_changes_nothing(tiny_llama, tmp_path):
     try:
         reference = _run(tiny_llama, reference_cache, ids, 3)
     finally:
-        close_cache(reference_cache)
+        reference_cache.close()
     cache = _sparse(tiny_llama, tmp_path, 310, alpha=0.3, crash_scorer_after_blocks=7,
                     score_block_tokens=64)  # several blocks per layer: the crash lands mid-layer
     try:
         faulty = _run(tiny_llama, cache, ids, 3)
         assert cache.runtime.scorer.host_scored_requests == 1
     finally:
-        close_cache(cache)
+        cache.close()
     assert torch.equal(reference, faulty)
 
 
@@ -148,7 +150,7 @@ def test_gemma3_sliding_layers_stay_dense_and_alpha_one_matches(tiny_gemma3, tmp
         assert kinds == ["DynamicSlidingWindowLayer", "SparseLayer", "DynamicSlidingWindowLayer"]
         assert cache.layers[0].keys.shape[2] <= 16
     finally:
-        close_cache(cache)
+        cache.close()
     _assert_dense_equivalent(sparse, _dense(tiny_gemma3, ids, 6))
 
 
@@ -170,7 +172,7 @@ def test_migration_swaps_tokens_within_bounds(tiny_llama, tmp_path):
         moves, _ = cache.ping_pong()
         assert moves == 2 * sum(step.promotions for step in steps)
     finally:
-        close_cache(cache)
+        cache.close()
 
 
 def test_a_device_budget_below_the_window_is_refused(tiny_llama, tmp_path):
@@ -188,7 +190,7 @@ def test_kv_config_builds_a_sparse_cache(tiny_llama, tmp_path):
         assert (settings.alpha, settings.score_bits, settings.beta, settings.sink, settings.recent) == (0.5, 4, 1.5, 2, 8)
         assert all(isinstance(layer, SparseLayer) for layer in cache.layers)
     finally:
-        close_cache(cache)
+        cache.close()
     with pytest.raises(ConfigError, match="--alpha"):
         KVConfig(kv="sparse", alpha=0).validated()
     with pytest.raises(ConfigError, match="--beta"):
@@ -203,7 +205,7 @@ def test_watched_positions_are_sink_selected_recent_and_new_token(tiny_llama, tm
     try:
         _run(tiny_llama, cache, ids, 2)
     finally:
-        close_cache(cache)
+        cache.close()
     assert sorted({layer for layer, _ in seen}) == [0, 1]
     layer, positions = seen[-1]
     # last step: 122 tokens, minus the sink and the window's 18 (recent 16 + 2 decode tokens, none retired yet)
@@ -230,4 +232,4 @@ def test_the_prompt_is_placed_in_its_tiers_at_the_end_of_prefill(tiny_llama, tmp
         assert [layer.tier_tokens()["device"] for layer in cache.layers] == [4 + 16 + 2] * 2
         assert len(cache.stats.steps) == 2
     finally:
-        close_cache(cache)
+        cache.close()

@@ -14,7 +14,8 @@ if not torch.cuda.is_available():
 
 from tiny_models import tiny_llama  # noqa: E402
 
-from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache  # noqa: E402
+from kvtier.kv.geometry import full_attention_layers  # noqa: E402
+from kvtier.modes import KVConfig, make_cache  # noqa: E402
 from kvtier.sparse.cache import make_sparse_cache  # noqa: E402
 from kvtier.sparse.settings import SparseSettings  # noqa: E402
 
@@ -44,7 +45,7 @@ def test_sparse_decode_on_cuda_matches_dense_at_alpha_one_and_runs_below(tmp_pat
         assert all(t["storage"] > 0 for t in (layer.tier_tokens() for layer in cache.layers))
         assert cache.runtime.scorer.host_scored_requests == 0
     finally:
-        close_cache(cache)
+        cache.close()
     if alpha == 1.0:
         dense = _logits(model, make_cache(model, KVConfig(), 220, 2), ids, 6)
         torch.testing.assert_close(sparse, dense, rtol=1e-4, atol=1e-4)

@@ -3,7 +3,7 @@
 import pytest
 
 from kvtier.generation import generate
-from kvtier.kv.factory import KVConfig
+from kvtier.modes import KVConfig
 
 pytestmark = pytest.mark.model
 

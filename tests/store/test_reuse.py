@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvtier.generation import generate
-from kvtier.kv.factory import KVConfig
+from kvtier.modes import KVConfig
 from kvtier.store import DocumentStore
 from kvtier.store.meta import CorruptEntry
 

@@ -6,7 +6,7 @@ import pytest
 import kvtier
 from kvtier.data.corpus import generate_text
 from kvtier.generation import generate
-from kvtier.kv.factory import KVConfig
+from kvtier.modes import KVConfig
 from kvtier.store import DocumentStore
 
 pytestmark = pytest.mark.model

@@ -1,4 +1,4 @@
-"""Baselines of hillinfer.txt, run under the same tiers, budgets and I/O layer as --kv sparse: `--kv h2o|infinigen|leoam`.
+"""The HillInfer paper's baselines under the tiers, budgets and I/O layer of --kv sparse: `--kv h2o|infinigen|leoam`.
 
 Every baseline keeps the KV where the other modes do (device window, host
 DRAM, a KVBlockFile read with O_DIRECT through the IOEngine, the same block
@@ -18,9 +18,9 @@ Files (one concept each):
     chunks.py     LeoAM's variable-size chunks and min/max key abstracts (Quest-style upper bound)
     leoam.py      LeoAM-like: abstracts on disk, whole chunks loaded by upper bound
 
-Each cache honours the contract of the sparse cache: `watch_attended(callback)`
-(positions attended per decode step and layer), `io_stats()`, per-layer
-`tier_tokens()`, and `close()` (removes hooks and files).
+Each cache is a `kvtier.kv.contract.SelectiveKVCache`, as the sparse cache is:
+`watch_attended(callback)` (positions attended per decode step and layer),
+`io_stats()`, per-layer `tier_tokens()`, and `close()` (removes hooks and files).
 """
 
 from kvtier.baselines.h2o import make_h2o_cache

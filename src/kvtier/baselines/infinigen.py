@@ -41,8 +41,9 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from kvtier.baselines.runtime import SelectiveRuntime, TierSetup, tiered_geometry
+from kvtier.baselines.runtime import SelectiveRuntime, TierSetup
 from kvtier.baselines.selective import Selected, SelectiveCache, SelectiveLayer, build_cache, grouped_query
+from kvtier.kv.geometry import model_geometry
 from kvtier.storage import K, V
 
 PARTIAL_RATIO = 0.3
@@ -144,7 +145,7 @@ def _speculation_hook(model, layer: InfiniGenLayer):
 
 def make_infinigen_cache(model, setup: TierSetup, partial_ratio: float = PARTIAL_RATIO) -> SelectiveCache:
     """The `--kv infinigen` cache; the partial key cache is charged to the host budget."""
-    geometry = tiered_geometry(model, setup.tiered_layers)
+    geometry = model_geometry(model, setup.tiered_layers)
     channels = max(1, math.ceil(partial_ratio * geometry.head_dim))
     partial_bytes = (geometry.num_layers * setup.batch_size * setup.max_tokens * geometry.num_kv_heads * channels
                      * geometry.itemsize)

@@ -31,10 +31,11 @@ import numpy as np
 import torch
 
 from kvtier.baselines.chunks import ChunkTable, chunk_ends, cover, key_scores, upper_bounds
-from kvtier.baselines.runtime import SelectiveRuntime, TierSetup, tiered_geometry
+from kvtier.baselines.runtime import SelectiveRuntime, TierSetup
 from kvtier.baselines.selective import Selected, SelectiveCache, SelectiveLayer, build_cache, grouped_query
 from kvtier.baselines.store import SelectiveStore
 from kvtier.sparse.placement import observation_importance
+from kvtier.kv.geometry import model_geometry
 from kvtier.storage import K, V
 
 ABSTRACTS = "leoam-abstracts"
@@ -107,7 +108,7 @@ def make_leoam_cache(model, setup: TierSetup, min_chunk: int | None = None) -> S
     min_chunk = min_chunk or max(1, block // 8)
     # chunks never cross blocks; per block at most block/min_chunk of them, plus two cut short (prompt end, block end)
     max_chunks = (math.ceil(setup.max_tokens / block) + 1) * (math.ceil(block / min_chunk) + 2)
-    geometry = tiered_geometry(model, setup.tiered_layers)
+    geometry = model_geometry(model, setup.tiered_layers)
     write_buffer = geometry.token_bytes * block * setup.batch_size
 
     def make_layer(layer_idx: int, runtime: SelectiveRuntime) -> LeoAMLayer:

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,13 +25,9 @@ from kvtier.sparse.settings import SparseSettings
 from kvtier.storage import BlockLayout, IOEngine, IOStats, KVBlockFile, KVGeometry
 from kvtier.units import format_size
 
-if TYPE_CHECKING:
-    from kvtier.baselines.selective import SelectiveLayer
-
-
 @dataclass(frozen=True)
 class TierSetup:
-    """A KVConfig resolved for one cache (kvtier.kv.factory builds it)."""
+    """A KVConfig resolved for one cache (kvtier.modes builds it)."""
 
     settings: SparseSettings  # alpha, sink and recent: the same as the sparse path's, so every mode attends alike
     max_tokens: int
@@ -44,13 +39,6 @@ class TierSetup:
     block_tokens: int = 64
     io_threads: int = 8
     model_id: str = "model"
-
-
-def tiered_geometry(model, tiered_layers: tuple[int, ...]) -> KVGeometry:
-    """KV geometry of the tiered layers of `model`, in the model's dtype."""
-    dtype = str(model.dtype).removeprefix("torch.")
-    full = KVGeometry.from_config(model.config.get_text_config(decoder=True), dtype)
-    return KVGeometry(len(tiered_layers), full.num_kv_heads, full.head_dim, dtype)
 
 
 def pages_fill_blocks(geometry: KVGeometry, block_tokens: int) -> bool:
@@ -87,7 +75,7 @@ class SelectiveRuntime:
         self.capacity = capacity
         self.io = IOEngine(setup.io_threads)
         self.stores: list[SelectiveStore] = []
-        self.layers: list[SelectiveLayer] = []  # tiered layers in model order (set by the builder)
+        self.layers: list = []  # the tiered SelectiveLayers in model order (set by the builder)
         self.hooks: list = []  # removable torch hooks a baseline registered on the model
         self.on_attend: Callable[[int, np.ndarray], None] | None = None  # see SelectiveCache.watch_attended
         try:
@@ -109,7 +97,7 @@ class SelectiveRuntime:
         self.stores.append(store)
         return store
 
-    def following(self, layer: SelectiveLayer) -> SelectiveLayer:
+    def following(self, layer):
         """The tiered layer that runs after `layer` (the first one again after the last)."""
         return self.layers[(self.layers.index(layer) + 1) % len(self.layers)]
 

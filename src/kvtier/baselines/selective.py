@@ -25,18 +25,20 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
-from kvtier.baselines.runtime import SelectiveRuntime, TierSetup, plan_capacity, tiered_geometry
+from kvtier.baselines.runtime import SelectiveRuntime, TierSetup, plan_capacity
 from kvtier.baselines.store import SelectiveStore
-from kvtier.errors import ConfigError
+from kvtier.kv.contract import SelectiveKVCache
 from kvtier.kv.gather import select_columns, take_tokens
+from kvtier.kv.windowed import WindowedLayer
+from kvtier.kv.geometry import model_geometry, text_config
 from kvtier.sparse import attention
 from kvtier.sparse.hot_pool import HotPool
 from kvtier.storage import K, IOStats
@@ -51,19 +53,13 @@ class Selected:
     values: torch.Tensor
 
 
-class SelectiveLayer(CacheLayerMixin):
+class SelectiveLayer(WindowedLayer):
     """One full-attention layer: device window, pool in host DRAM and on disk, attention over what `select` picks."""
 
-    is_sliding = False
-
     def __init__(self, layer_idx: int, runtime: SelectiveRuntime) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
+        # One recent slot is left free at distribution, for the new token (see the module docstring).
+        super().__init__(layer_idx, runtime.setup.max_tokens, runtime.settings.sink, runtime.settings.recent - 1)
         self.runtime = runtime
-        self.tokens = 0
-        self.distributed = False
-        self.sink_tokens = 0
-        self.window_positions = np.empty(0, dtype=np.int64)
         self.host: HotPool | None = None
         self._prefetched: Future | None = None
 
@@ -72,9 +68,6 @@ class SelectiveLayer(CacheLayerMixin):
     @abstractmethod
     def select(self, query: torch.Tensor, scaling: float) -> Selected:
         """The pool tokens the decode query [B, Hq, 1, D] attends, with their K/V."""
-
-    def observe(self, query: torch.Tensor, scaling: float) -> None:
-        """A prefill chunk's queries [B, Hq, q, D] (after update stored its keys)."""
 
     def prepare(self, pool_keys: torch.Tensor) -> None:
         """The prompt's pool keys [B, H, P, D], once, before they enter the pool."""
@@ -86,45 +79,13 @@ class SelectiveLayer(CacheLayerMixin):
         """The store and kinds read entirely every step (prefetched one layer ahead), if any."""
         return None
 
-    # ----- cache protocol -----
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device, self.dtype = key_states.device, key_states.dtype
-        self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
-        batch, heads, _, head_dim = key_states.shape
-        self.host = HotPool(batch, heads, head_dim, self.dtype)
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        if self.distributed or (key_states.shape[2] == 1 and self.tokens > 0):
-            if key_states.shape[2] > 1:
-                raise ConfigError("the baseline KV caches decode one token per forward pass after the prompt; "
-                                  "feed the whole prompt before decoding")
-            self.distribute()
-            self.window_positions = np.append(self.window_positions, self.tokens)
-        self.keys = torch.cat([self.keys, key_states], dim=2)
-        self.values = torch.cat([self.values, value_states], dim=2)
-        self.tokens += key_states.shape[2]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.tokens
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.tokens + query_length, 0
-
-    def get_max_length(self) -> int:
-        return self.runtime.setup.max_tokens
-
-    def tier_tokens(self) -> dict[str, int]:
-        """Tokens per sequence in each tier."""
-        if not self.distributed:
-            return {"device": self.tokens, "host": 0, "storage": 0}
-        return {"device": self.keys.shape[2], "host": self.host.used, "storage": self.stored_tokens}
-
     # ----- the pool -----
+
+    def make_pool(self, batch: int, heads: int, head_dim: int) -> None:
+        self.host = HotPool(batch, heads, head_dim, self.dtype)
+
+    def pool_tokens(self) -> tuple[int, int]:
+        return self.host.used, self.stored_tokens
 
     @property
     def stored_tokens(self) -> int:
@@ -138,22 +99,11 @@ class SelectiveLayer(CacheLayerMixin):
         """Pool tokens attended per step: the top-alpha share, as in --kv sparse."""
         return math.ceil(self.runtime.settings.alpha * self.pooled_tokens)
 
-    def distribute(self) -> None:
-        """Split the prompt into device window and pool (first decode step; later calls do nothing)."""
-        if self.distributed:
-            return
-        settings, tokens = self.runtime.settings, self.tokens
-        sink = min(settings.sink, tokens)
-        recent_start = max(sink, tokens - settings.recent + 1)  # one slot left for the new token
-        self.sink_tokens = sink
-        self.prepare(self.keys[:, :, sink:recent_start])
-        self._admit(self.keys[:, :, sink:recent_start], self.values[:, :, sink:recent_start])
-        keep = torch.cat([torch.arange(sink), torch.arange(recent_start, tokens)])
-        self.keys, self.values = self.keys[:, :, keep], self.values[:, :, keep]
-        self.window_positions = keep.numpy().astype(np.int64)
-        self.distributed = True
+    def place(self, pool: slice) -> None:
+        self.prepare(self.keys[:, :, pool])
+        self.admit(self.keys[:, :, pool], self.values[:, :, pool], self.window_positions[pool])
 
-    def _admit(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def admit(self, keys: torch.Tensor, values: torch.Tensor, positions: np.ndarray) -> None:
         """Tokens (in position order) join the pool's host part; whole blocks beyond its capacity spill to disk."""
         count = keys.shape[2]
         if not count:
@@ -174,17 +124,6 @@ class SelectiveLayer(CacheLayerMixin):
             oldest = np.tile(np.arange(move), (self.host.keys.shape[0], 1))
             keys, values, _ = self.host.take(oldest)
             self.runtime.kv.append(self.layer_idx, keys, values)
-
-    def _retire(self) -> None:
-        """Tokens past the recent window (less the slot kept for the next token) join the pool."""
-        excess = self.keys.shape[2] - self.sink_tokens - self.runtime.settings.recent + 1
-        if excess <= 0:
-            return
-        moving = slice(self.sink_tokens, self.sink_tokens + excess)
-        self._admit(self.keys[:, :, moving], self.values[:, :, moving])
-        keep = torch.cat([torch.arange(self.sink_tokens), torch.arange(moving.stop, self.keys.shape[2])])
-        self.keys, self.values = self.keys[:, :, keep], self.values[:, :, keep]
-        self.window_positions = np.delete(self.window_positions, np.arange(moving.start, moving.stop))
 
     # ----- reading the pool -----
 
@@ -242,7 +181,7 @@ class SelectiveLayer(CacheLayerMixin):
         if self.runtime.on_attend is not None:
             self.runtime.on_attend(self.layer_idx, positions)
         output = inner(module, query, keys, values, select_columns(attention_mask, positions), **kwargs)
-        self._retire()
+        self.retire()
         self.runtime.following(self).start_prefetch()
         return output
 
@@ -253,7 +192,7 @@ def grouped_query(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return query[:, :, 0].float().cpu().reshape(batch, kv_heads, q_heads // kv_heads, head_dim)
 
 
-class SelectiveCache(Cache):
+class SelectiveCache(Cache, SelectiveKVCache):
     """Cache for `model(..., cache=...)` whose tiered layers attend what their baseline selects.
 
     Sliding-window layers (Gemma 3) keep their bounded window on the device.
@@ -291,11 +230,11 @@ def build_cache(model, setup: TierSetup, make_layer: Callable[[int, SelectiveRun
     `host_reserved` bytes of the host budget pay for `reserved_for`; `buffers` staging buffers for the KV file;
     `extra_stores` more block files (name -> rows per layer and sequence), as `runtime.extra[name]`.
     """
-    geometry = tiered_geometry(model, setup.tiered_layers)
+    geometry = model_geometry(model, setup.tiered_layers)
     capacity = plan_capacity(setup, geometry, host_reserved, reserved_for)
     attention.install(model)
     runtime = SelectiveRuntime(setup, geometry, capacity, buffers, extra_stores)
-    config = model.config.get_text_config(decoder=True)
+    config = text_config(model)
     try:
         layers = [make_layer(index, runtime) if index in setup.tiered_layers
                   else DynamicSlidingWindowLayer(sliding_window=config.sliding_window)

@@ -2,7 +2,7 @@
 
 Throughput, time to first token and inter-token latency (p50 / p99) per client count, flash vs
 DRAM swap in the same run, and the server's throughput as a share of the offline engine's on the
-same prompts (kvtier.server.bench explains the method). The device pool is small enough that the
+same prompts (kvtier.eval.http_bench explains the method). The device pool is small enough that the
 higher client counts swap. Prompts are short generated sentences; every request asks for
 --new-tokens tokens with ignore_eos, so every run generates the same number of tokens.
 
@@ -15,15 +15,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from kvtier.commands.bench_options import check_writable
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import ConfigError
 from kvtier.models.loader import load_model
-from kvtier.models.paths import cache_dir
+from kvtier.eval.http_bench import CLIENT_LEVELS, render_markdown, requests_for, run_http_benchmark
+from kvtier.paths import cache_dir
 from kvtier.serve.engine import EngineConfig
-from kvtier.server.bench import CLIENT_LEVELS, requests_for, run_http_benchmark
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -87,32 +86,3 @@ def command_line(args: argparse.Namespace) -> str:
             f"--requests-per-client {args.requests_per_client} --min-requests {args.min_requests} "
             f"--new-tokens {args.new_tokens} --repeats {args.repeats} --block-tokens {args.block_tokens} "
             f"--device-blocks {args.device_blocks} --swap-space {args.swap_space}")
-
-
-def render_markdown(result: dict[str, Any]) -> str:
-    """The benchmark as one table per backend plus the method in two lines."""
-    engine = result["engine"]
-    lines = [f"# HTTP server benchmark: {result['model']}", "",
-             f"`{result['command']}`", "",
-             f"Each request streams {result['new_tokens']} tokens (ignore_eos) through /v1/completions; requests "
-             f"per level {', '.join(f'{c}: {n}' for c, n in result['requests'].items())}; device pool "
-             f"{engine['device_blocks']} blocks of {engine['block_tokens']} tokens; medians of {result['repeats']} "
-             "alternating repeats, spread (min-max) in brackets. Offline: the same prompts through the engine "
-             "with max_num_seqs = clients.", ""]
-    for backend in result["backends"]:
-        lines += [f"## {backend} swap", "",
-                  "| clients | server tok/s | offline tok/s | server / offline | TTFT p50 ms | TTFT p99 ms "
-                  "| ITL p50 ms | ITL p99 ms | swap-outs |", "|---|---|---|---|---|---|---|---|---|"]
-        for cell in (c for c in result["cells"] if c["backend"] == backend):
-            lines.append(f"| {cell['clients']} | {_spread(cell, 'server_tokens_per_s')} | "
-                         f"{_spread(cell, 'offline_tokens_per_s')} | {_spread(cell, 'ratio', 3)} | "
-                         f"{_spread(cell, 'ttft_p50_s', 0, 1000)} | {_spread(cell, 'ttft_p99_s', 0, 1000)} | "
-                         f"{_spread(cell, 'itl_p50_s', 0, 1000)} | {_spread(cell, 'itl_p99_s', 0, 1000)} | "
-                         f"{cell['swap_outs']:.0f} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _spread(cell: dict[str, Any], name: str, digits: int = 1, scale: float = 1.0) -> str:
-    low, high = cell[f"{name}_spread"]
-    return f"{cell[name] * scale:.{digits}f} [{low * scale:.{digits}f}-{high * scale:.{digits}f}]"

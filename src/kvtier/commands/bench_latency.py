@@ -30,27 +30,19 @@ Options given explicitly (`--contexts`, `--batches`, ...) replace the grid's val
 from __future__ import annotations
 
 import argparse
-import re
-import sys
 from dataclasses import replace
 
 import torch
-from tqdm import tqdm
 
 from kvtier.commands.bench_options import add_run_options, check_writable, storage_directory
 from kvtier.data.corpus import load_corpus
-from kvtier.errors import ConfigError, ContextTooLongError
+from kvtier.errors import ConfigError
 from kvtier.eval.corpus_slice import CHARS_PER_TOKEN_BOUND, STRIDE_CHARS
-from kvtier.eval.latency import WARMUP_STEPS, RunOptions, run_pending
-from kvtier.eval.latency_grid import (EXPERIMENTS, GRIDS, Cell, Grid, experiment_cells, parse_experiments,
-                                      parse_modes, workload)
-from kvtier.eval.needle_grid import ANSWER_TOKENS
-from kvtier.eval.record import ResultStore
-from kvtier.threads import machine_threads
+from kvtier.eval.latency import RunOptions, check_contexts, run_experiment
+from kvtier.eval.latency_grid import EXPERIMENTS, GRIDS, Grid, experiment_cells, parse_experiments, parse_modes
 from kvtier.models.loader import load_model
-from kvtier.units import format_size
+from kvtier.threads import machine_threads
 
-NEEDLE_PROMPT_RESERVE = 128 + ANSWER_TOKENS  # chat template, question and answer around a haystack
 LIST_OPTIONS = {"contexts": int, "batches": int, "stress_batches": int, "betas": float, "alphas": float}
 NUMBER_OPTIONS = ("new_tokens", "fixed_context", "fixed_beta")
 
@@ -96,37 +88,9 @@ def run(args: argparse.Namespace) -> int:
                 "alpha": grid.alpha, "corpus": {"name": corpus.name, "license": corpus.license,
                                                 "source": corpus.source}} | options.as_settings()
     for letter in letters:
-        run_experiment(llm, letter, cells[letter], settings, options, args)
+        run_experiment(llm, letter, cells[letter], settings, options, args.out, args.force)
     print(f"next: `kvtier bench report --results {args.out}` writes REPORT.md and the plots")
     return 0
-
-
-def run_experiment(llm, letter: str, cells: list[Cell], settings: dict, options: RunOptions,
-                   args: argparse.Namespace) -> None:
-    experiment = EXPERIMENTS[letter]
-    new_tokens = max(cell.new_tokens for cell in cells)
-    path = args.out / f"latency-{experiment.name}-{_file_safe(llm.name)}-{settings['grid']}.json"
-    store = ResultStore(path, settings | {"experiment": experiment.name, "title": experiment.title,
-                                          "new_tokens": new_tokens}, options.storage_dir, force=args.force)
-    pending = [cell for cell in cells if not store.done(cell.key)]
-    prefill, steps = workload(pending)
-    print(f"[bench latency] {letter}) {experiment.title}: {len(cells)} cells, {len(cells) - len(pending)} finished; "
-          f"to run: {prefill:,} prompt tokens, {steps:,} decode steps", file=sys.stderr)
-    with tqdm(total=sum(cell.repeats for cell in pending), desc=f"{letter}) {experiment.name}", unit="run",
-              file=sys.stderr) as bar:
-        for cell, result in run_pending(llm, pending, store, options, on_repeat=lambda: bar.update()):
-            tqdm.write(cell_line(cell, result), file=sys.stderr)
-    print(f"wrote {path}")
-
-
-def cell_line(cell: Cell, result: dict) -> str:
-    """One line per finished cell: what ran and its median decode speed and disk reads."""
-    ms = result["ms_per_token"]
-    line = (f"  {cell.label} context={cell.context} batch={cell.batch}: {ms['median']:.1f} ms/token "
-            f"[{ms['min']:.1f}, {ms['max']:.1f}], latency {result['latency_s']['median']:.2f} s, disk read "
-            f"{format_size(int(result['disk_read_bytes_per_step']['median']))}/step")
-    accuracy = result.get("accuracy")
-    return line + (f", needle {accuracy['correct']}/{accuracy['n']}" if accuracy else "")
 
 
 def grid_from(args: argparse.Namespace) -> Grid:
@@ -152,21 +116,3 @@ def _numbers(text: str, kind: type, name: str) -> tuple:
     if not values:
         raise ConfigError(f"--{name.replace('_', '-')} takes comma-separated numbers, got {text!r}")
     return values
-
-
-def check_contexts(llm, cells: list[Cell]) -> None:
-    """Every cell's prompt, decode steps (and needle question) must fit the model's context."""
-    too_long = sorted({cell.context for cell in cells if _tokens_needed(cell) > llm.context_length})
-    if too_long:
-        raise ContextTooLongError(
-            f"contexts {', '.join(map(str, too_long))} do not fit the {llm.context_length}-token context of "
-            f"{llm.name} with the decode steps and needle questions; lower --contexts/--fixed-context or use a "
-            "longer-context model (--model qwen2.5-0.5b: 32K)")
-
-
-def _tokens_needed(cell: Cell) -> int:
-    return cell.context + max(WARMUP_STEPS + cell.new_tokens + 1, NEEDLE_PROMPT_RESERVE if cell.needles else 0)
-
-
-def _file_safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"

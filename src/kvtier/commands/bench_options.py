@@ -13,7 +13,7 @@ from pathlib import Path
 from kvtier.data.corpus import CORPUS_NAMES
 from kvtier.errors import StorageError
 from kvtier.eval.budgets import BudgetShares
-from kvtier.kv.factory import default_storage_dir
+from kvtier.modes import default_storage_dir
 from kvtier.models.loader import LOAD_FORMATS
 
 

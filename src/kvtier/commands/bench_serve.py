@@ -1,6 +1,6 @@
 """`kvtier bench serve`: the HiFC swap-path benchmark; writes bench/results/serve.json and serve.md.
 
-`--scale` shrinks the issue's workload (32 requests of 2K-8K tokens, 128 new tokens, pool a
+`--scale` shrinks the full workload (32 requests of 2K-8K tokens, 128 new tokens, pool a
 quarter of the demand): prompt lengths by the factor, the output length by the same factor down
 to 32 tokens, keeping the 32 requests (default 1/32: 32 requests of 64-256 tokens, 32 new tokens
 each; one engine run of smollm2-135m took 17-20 s on the 2-core VM at full speed, 6.6-10.6 min
@@ -22,16 +22,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from kvtier.commands.bench_options import add_device_options
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import StorageError
+from kvtier.eval.serve_bench import SWEEP_BLOCKS, render_markdown, run_serve_benchmark
+from kvtier.eval.workload import Workload
 from kvtier.models.loader import load_model
-from kvtier.models.paths import cache_dir
-from kvtier.serve.bench import SWEEP_BLOCKS, run_serve_benchmark
-from kvtier.serve.workload import Workload
-from kvtier.units import format_size, parse_size
+from kvtier.paths import cache_dir
+from kvtier.units import parse_size
 
 DEFAULT_SCALE = 1 / 32
 
@@ -43,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_dtype_option(parser)
     add_device_options(parser, "the model and the KV pool live (on a GPU, flash swap goes through kvikio)")
     parser.add_argument("--scale", type=float, default=DEFAULT_SCALE,
-                        help="fraction of the issue's workload (default %(default)s)")
+                        help="fraction of the full workload (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="flash/DRAM repeats for medians (default %(default)s)")
     parser.add_argument("--block-tokens", type=int, default=64, help="block size of the main comparison")
     parser.add_argument("--sweep", default=",".join(map(str, SWEEP_BLOCKS)),
@@ -79,77 +78,3 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "serve.md").write_text(render_markdown(result))
     say(f"flash/DRAM throughput {result['flash_vs_dram']:.3f}; wrote {args.out / 'serve.json'} and serve.md")
     return 0
-
-
-def render_markdown(result: dict[str, Any]) -> str:
-    """The benchmark as a short report: tables of throughput, bandwidth, sweep, allocation and init."""
-    throughput, bandwidth, init = result["throughput"], result["bandwidth"], result["init"]
-    workload = result["workload"]
-    lines = [
-        f"# Serve benchmark (HiFC swap path): {result['model']}",
-        "",
-        f"Workload: {workload['requests']} requests of {workload['min_prompt_tokens']}-{workload['max_prompt_tokens']} "
-        f"prompt tokens, {workload['new_tokens']} new tokens each (`--scale {result['scale']}` of the issue's "
-        f"32 x 2K-8K); device pool {workload['device_blocks']} blocks of {workload['block_tokens']} tokens "
-        f"(~{workload['pool_fraction']:.0%} of the demand). {_repeats_text(result['io']['repeats'])} "
-        f"{'One untimed warm-up run per block size. ' if result.get('device', 'cpu').startswith('cuda') else ''}"
-        f"Model and KV pool on {result.get('device', 'cpu')} ({result.get('dtype', 'float32')}"
-        f"{', random weights: --load-format dummy' if result.get('load_format') == 'dummy' else ''}). "
-        f"Flash I/O: {_flash_io(result['io'])}; {result['io']['threads']} threads.",
-        "",
-        f"**flash / DRAM throughput: {result['flash_vs_dram']:.3f}** (target >= 0.95); "
-        f"identical outputs across backends: {result['same_outputs']}",
-        "",
-        "| backend | tok/s | runs (tok/s) | wall s | swap-in stall s | swap-outs | swap-ins | recomputes | swap-out bytes |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, run in throughput.items():
-        scheduler, swap = run["scheduler"], run["swap"]
-        runs = ", ".join(f"{value:.2f}" for value in run.get("tokens_per_s_runs", [run["tokens_per_s"]]))
-        lines.append(f"| {name} | {run['tokens_per_s']:.2f} | {runs} | {run['wall_s']:.1f} | "
-                     f"{swap.get('in_seconds', 0.0):.2f} | {scheduler['swap_outs']} | {scheduler['swap_ins']} | "
-                     f"{scheduler['recomputes']} | {format_size(swap.get('out_bytes', 0))} |")
-    lines += ["", "Swap-in stall: seconds a resumed sequence waited for its KV (swap-ins are synchronous; "
-              "swap-outs overlap the running batch). Wall and stall are those of the median run."]
-    lines += ["", "| bandwidth | GB/s |", "|---|---|"]
-    for name in ("flash_swap_out", "flash_swap_in", "dram_swap_out", "dram_swap_in", "disk_sequential_write",
-                 "disk_sequential_read"):
-        lines.append(f"| {name.replace('_', ' ')} | {bandwidth[name] / 1e9:.2f} |")
-    if result["block_size_sweep"]:
-        lines += ["", "| block tokens | flash tok/s | DRAM tok/s | flash/DRAM | swap-outs (flash, DRAM) |",
-                  "|---|---|---|---|---|"]
-        for row in result["block_size_sweep"]:
-            lines.append(f"| {row['block_tokens']} | {row['flash_tokens_per_s']:.1f} | {row['dram_tokens_per_s']:.1f} "
-                         f"| {row['flash_vs_dram']:.3f} | {row['flash_swap_outs']}, {row['dram_swap_outs']} |")
-    allocation = result["allocation"]
-    replay = allocation["replay"]
-    lines += ["", "| allocation | sequential share of swap-outs | logical overwrites |", "|---|---|---|",
-              f"| engine, HiFC log | {allocation['engine_log']['sequential_share']:.3f} | "
-              f"{allocation['engine_log']['overwrites']} |",
-              _naive_row(allocation["engine_naive"]),
-              f"| replay of {replay['swap_outs']} swap-outs, HiFC log | {replay['FlashLog']['sequential_share']:.3f} | "
-              f"{replay['FlashLog']['overwrites']} |",
-              f"| replay, naive reuse | {replay['NaiveReuseAllocator']['sequential_share']:.3f} | "
-              f"{replay['NaiveReuseAllocator']['overwrites']} |",
-              "", f"Write amplification: {result['write_amplification']['note']}.",
-              "", f"Init with {format_size(init['bytes'])} of swap space: open the pre-generated flash file "
-              f"{init['flash_open_s'] * 1000:.1f} ms (creating it took {init['flash_create_s'] * 1000:.1f} ms) vs "
-              f"allocating the DRAM pool {init['dram_alloc_s'] * 1000:.1f} ms.", ""]
-    return "\n".join(lines)
-
-
-def _flash_io(io: dict[str, Any]) -> str:
-    """How flash bytes moved; results written before the kvikio backend only say whether O_DIRECT was on."""
-    if io.get("flash_io"):
-        return io["flash_io"]
-    return "O_DIRECT" if io["flash_direct_io"] else "buffered (no O_DIRECT here)"
-
-
-def _naive_row(naive: dict[str, Any] | None) -> str:
-    if naive is None:
-        return "| engine, naive reuse | not run (`--no-extra-runs`) | |"
-    return f"| engine, naive reuse | {naive['sequential_share']:.3f} | {naive['overwrites']} |"
-
-
-def _repeats_text(repeats: int) -> str:
-    return "One run per engine (no medians)." if repeats == 1 else f"Medians of {repeats} runs."

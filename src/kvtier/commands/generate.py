@@ -38,6 +38,8 @@ def read_prompt(args: argparse.Namespace) -> str:
         document = args.file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read input file {args.file}: {getattr(error, 'strerror', None) or error}") from None
+    if not document.strip():
+        raise ConfigError(f"input file {args.file} is empty")
     return f"{document}\n\n{args.question}" if args.question else document
 
 

@@ -2,7 +2,7 @@
 
 import argparse
 
-from kvtier.kv.factory import KV_MODES, KVConfig
+from kvtier.modes import KV_MODES, KVConfig
 from kvtier.models.loader import TORCH_DTYPES
 from kvtier.models.registry import DEFAULT_MODEL
 

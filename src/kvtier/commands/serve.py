@@ -17,7 +17,7 @@ from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.commands.serve_options import add_engine_options, engine_config_from
 from kvtier.commands.store_options import add_store_options, store_from
 from kvtier.errors import ConfigError
-from kvtier.kv.factory import KVConfig
+from kvtier.modes import KVConfig
 
 DEFAULT_PORT = 8000
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtier.errors import KvtierError, StorageError
-from kvtier.models.paths import cache_dir
+from kvtier.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 

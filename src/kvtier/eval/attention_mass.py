@@ -21,6 +21,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from kvtier.kv.contract import SelectiveKVCache
 from kvtier.sparse.recall import exact_mass
 
 EXACT_MODES = ("dense", "offload")
@@ -29,7 +30,7 @@ PROBE_PREFIX = "kvtier_probe_"
 
 def reports_attended(cache) -> bool:
     """Whether a cache can say which positions each decode step attends (`watch_attended`)."""
-    return callable(getattr(cache, "watch_attended", None))
+    return isinstance(cache, SelectiveKVCache)
 
 
 def mass_recall(query: torch.Tensor, keys: torch.Tensor, scaling: float, positions: torch.Tensor) -> float:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtier.kv.factory import KVConfig, full_attention_layers
-from kvtier.storage import KVGeometry
+from kvtier.kv.geometry import full_attention_layers, model_geometry, text_config
+from kvtier.modes import KVConfig
 
 MIN_DEVICE_TOKENS = 128
 
@@ -29,9 +29,7 @@ class BudgetShares:
 
 def kv_bytes_per_token(model) -> int:
     """K+V bytes of one token over the tiered (full-attention) layers, in the model's dtype."""
-    config = model.config.get_text_config(decoder=True)
-    geometry = KVGeometry.from_config(config, str(model.dtype).removeprefix("torch."))
-    return 2 * geometry.token_bytes_per_layer * len(full_attention_layers(config))
+    return model_geometry(model, full_attention_layers(text_config(model))).token_bytes
 
 
 def budget_bytes(model, prompt_tokens: int, shares: BudgetShares, batch: int = 1) -> tuple[int, int]:

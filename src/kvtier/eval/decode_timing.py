@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
-from kvtier.kv.factory import disk_bytes, place_prompt
+from kvtier.generation import prefill
 from kvtier.threads import decoding
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chunk: int = 1024,
                    warmup_steps: int = 1, label: str | None = None, decode_mode: str | None = None,
                    tape: PrefillTape | None = None) -> dict:
-    """Prefill `ids` [B, N], place the prompt in the cache's tiers (kv.factory.place_prompt), run
+    """Prefill `ids` [B, N], place the prompt in the cache's tiers (`place_prompt`), run
     `warmup_steps` untimed steps, then `new_tokens` timed steps. Returns timings, disk bytes per step and the
     generated token ids [B, warmup + new_tokens]. With a `label`, a progress bar of forward
     passes goes to stderr. The decode steps run on `decode_mode`'s threads and cores
@@ -39,24 +39,24 @@ def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chu
     with torch.inference_mode(), bar:
         started = time.perf_counter()
         if tape is None:
-            logits = prefill(model, cache, ids, prefill_chunk, bar.update)
+            logits = prefill(model, cache, ids, prefill_chunk, lambda tokens: bar.update())
         else:
             logits = tape.prefill(model, cache, bar.update)
         with decoding(decode_mode):
-            place_prompt(cache)  # part of prefill, under the decode's threads (the sparse path calibrates APP)
+            cache.place_prompt()  # part of prefill, under the decode's threads (the sparse path calibrates APP)
             prefill_s = time.perf_counter() - started
             tokens = []
             for _ in range(warmup_steps):
                 logits = _step(model, cache, logits, tokens)
                 bar.update()
-            before = disk_bytes(cache)
+            before = cache.io_stats()
             step_s = []
             for _ in range(new_tokens):
                 started = time.perf_counter()
                 logits = _step(model, cache, logits, tokens)
                 step_s.append(time.perf_counter() - started)
                 bar.update()
-            after = disk_bytes(cache)
+            moved = cache.io_stats().minus(before)
     decode_s = sum(step_s)
     return {
         "prefill_s": prefill_s,
@@ -65,18 +65,10 @@ def measure_decode(model, cache, ids: torch.Tensor, new_tokens: int, prefill_chu
         "ms_per_token": decode_s * 1000 / max(new_tokens, 1),
         "median_step_ms": statistics.median(step_s) * 1000 if step_s else 0.0,
         "step_ms": [s * 1000 for s in step_s],
-        "disk_read_bytes_per_step": (after[0] - before[0]) / max(new_tokens, 1),
-        "disk_written_bytes_per_step": (after[1] - before[1]) / max(new_tokens, 1),
+        "disk_read_bytes_per_step": moved.bytes_read / max(new_tokens, 1),
+        "disk_written_bytes_per_step": moved.bytes_written / max(new_tokens, 1),
         "token_ids": torch.cat(tokens, dim=1).tolist() if tokens else [],
     }
-
-
-def prefill(model, cache, ids: torch.Tensor, chunk: int, on_chunk=lambda: None) -> torch.Tensor:
-    """Feed the prompt `chunk` tokens per forward pass (bounds the attention's memory); last logits [B, vocab]."""
-    for start in range(0, ids.shape[1], chunk):
-        logits = model(input_ids=ids[:, start : start + chunk], cache=cache, logits_to_keep=1).logits[:, -1]
-        on_chunk()
-    return logits
 
 
 def _step(model, cache, logits: torch.Tensor, tokens: list[torch.Tensor]) -> torch.Tensor:

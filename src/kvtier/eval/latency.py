@@ -11,26 +11,33 @@ Prompts are stretches of a public corpus (kvtier.data.corpus), one per batch row
 
 from __future__ import annotations
 
+import re
 import statistics
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from itertools import cycle, islice
+from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
+from kvtier.errors import ContextTooLongError
 from kvtier.eval.budgets import BudgetShares, cell_kv_config, kv_bytes_per_token
 from kvtier.eval.corpus_slice import CHARS_PER_TOKEN_BOUND, corpus_slice
 from kvtier.eval.decode_timing import measure_decode
-from kvtier.eval.latency_grid import Cell
-from kvtier.eval.needle_grid import needle_cell
-from kvtier.eval.record import spread
-from kvtier.threads import thread_settings
+from kvtier.eval.latency_grid import EXPERIMENTS, Cell, workload
+from kvtier.eval.needle_grid import ANSWER_TOKENS, needle_cell
+from kvtier.eval.record import ResultStore, spread
 from kvtier.eval.traffic import cache_bypass, sparse_details, step_traffic
-from kvtier.kv.factory import KVConfig, close_cache, full_attention_layers, make_cache, tier_bytes
-from kvtier.sparse.cache import SparseCache, make_sparse_cache
-from kvtier.units import parse_size
+from kvtier.kv.contract import tier_bytes
+from kvtier.modes import KVConfig, make_cache
+from kvtier.sparse.cache import SparseCache
+from kvtier.threads import thread_settings
+from kvtier.units import format_size
 
 WARMUP_STEPS = 1
+NEEDLE_PROMPT_RESERVE = 128 + ANSWER_TOKENS  # chat template, question and answer around a haystack
 NEEDLE_VARIANT = "single"
 TIMED = ("ms_per_token", "prefill_s", "decode_s", "latency_s", "tokens_per_s", "disk_read_bytes_per_step",
          "disk_written_bytes_per_step")
@@ -93,14 +100,10 @@ def prompt_batch(tokenizer, corpus_text: str, tokens: int, batch: int) -> torch.
 
 
 def build_cache(model, cell: Cell, kv_config: KVConfig, max_tokens: int, model_id: str):
-    """The cell's cache: its mode through make_cache, or a sparse cache with another migration policy."""
-    if cell.policy is None:
-        return make_cache(model, kv_config, max_tokens, cell.batch, model_id)
-    settings = replace(kv_config.sparse_settings(), policy=cell.policy)
-    config = model.config.get_text_config(decoder=True)
-    return make_sparse_cache(model, settings, max_tokens, cell.batch, kv_config.storage_dir,
-                             parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget),
-                             full_attention_layers(config), kv_config.io_threads)
+    """The cell's cache: its mode through make_cache, with the cell's migration policy where it names one."""
+    if cell.policy is not None:
+        kv_config = replace(kv_config, policy=cell.policy)
+    return make_cache(model, kv_config, max_tokens, cell.batch, model_id)
 
 
 def measure_once(llm, cell: Cell, kv_config: KVConfig, ids: torch.Tensor, options: RunOptions) -> dict:
@@ -120,7 +123,7 @@ def measure_once(llm, cell: Cell, kv_config: KVConfig, ids: torch.Tensor, option
             run["sparse"] = sparse_details(cache)
         return run
     finally:
-        close_cache(cache)
+        cache.close()
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -169,3 +172,51 @@ def run_pending(llm, cells: list[Cell], store, options: RunOptions,
             result = run_cell(llm, cell, options, on_repeat)
             store.put(cell.key, result)
             yield cell, result
+
+
+def run_experiment(llm, letter: str, cells: list[Cell], settings: dict, options: RunOptions, out: Path,
+                   force: bool = False) -> None:
+    """Every unfinished cell of one experiment, stored as each finishes in `out`'s JSON for it (`force`: rerun
+    finished cells too)."""
+    experiment = EXPERIMENTS[letter]
+    new_tokens = max(cell.new_tokens for cell in cells)
+    path = out / f"latency-{experiment.name}-{_file_safe(llm.name)}-{settings['grid']}.json"
+    store = ResultStore(path, settings | {"experiment": experiment.name, "title": experiment.title,
+                                          "new_tokens": new_tokens}, options.storage_dir, force=force)
+    pending = [cell for cell in cells if not store.done(cell.key)]
+    prefill, steps = workload(pending)
+    print(f"[bench latency] {letter}) {experiment.title}: {len(cells)} cells, {len(cells) - len(pending)} finished; "
+          f"to run: {prefill:,} prompt tokens, {steps:,} decode steps", file=sys.stderr)
+    with tqdm(total=sum(cell.repeats for cell in pending), desc=f"{letter}) {experiment.name}", unit="run",
+              file=sys.stderr) as bar:
+        for cell, result in run_pending(llm, pending, store, options, on_repeat=lambda: bar.update()):
+            tqdm.write(cell_line(cell, result), file=sys.stderr)
+    print(f"wrote {path}")
+
+
+def cell_line(cell: Cell, result: dict) -> str:
+    """One line per finished cell: what ran and its median decode speed and disk reads."""
+    ms = result["ms_per_token"]
+    line = (f"  {cell.label} context={cell.context} batch={cell.batch}: {ms['median']:.1f} ms/token "
+            f"[{ms['min']:.1f}, {ms['max']:.1f}], latency {result['latency_s']['median']:.2f} s, disk read "
+            f"{format_size(int(result['disk_read_bytes_per_step']['median']))}/step")
+    accuracy = result.get("accuracy")
+    return line + (f", needle {accuracy['correct']}/{accuracy['n']}" if accuracy else "")
+
+
+def check_contexts(llm, cells: list[Cell]) -> None:
+    """Every cell's prompt, decode steps (and needle question) must fit the model's context."""
+    too_long = sorted({cell.context for cell in cells if _tokens_needed(cell) > llm.context_length})
+    if too_long:
+        raise ContextTooLongError(
+            f"contexts {', '.join(map(str, too_long))} do not fit the {llm.context_length}-token context of "
+            f"{llm.name} with the decode steps and needle questions; lower --contexts/--fixed-context or use a "
+            "longer-context model (--model qwen2.5-0.5b: 32K)")
+
+
+def _tokens_needed(cell: Cell) -> int:
+    return cell.context + max(WARMUP_STEPS + cell.new_tokens + 1, NEEDLE_PROMPT_RESERVE if cell.needles else 0)
+
+
+def _file_safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"

@@ -1,4 +1,4 @@
-"""The latency suite's experiments (hillinfer.txt section 5) as grids of cells.
+"""The latency suite's experiments (the HillInfer paper, section 5) as grids of cells.
 
     a context   decode ms/token vs context length, every KV mode (paper Fig. 12/13)
     b batch     end-to-end latency vs batch size at 1920 input + 128 output tokens (InfiniGen's setting, Fig. 14),
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from kvtier.errors import ConfigError
 from kvtier.eval.attention_mass import EXACT_MODES
 from kvtier.eval.record import cell_key
-from kvtier.kv.factory import KV_MODES
+from kvtier.modes import KV_MODES
 
 PREFETCH_BASELINE = "infinigen"  # the paper's "Prefetch-based" baseline (InfiniGen)
 BETA_SWEEP_HOST_SHARE = 1.0  # host budget = the whole prompt KV: the cap M0 never decides the split

@@ -22,8 +22,9 @@ from kvtier.data.corpus import load_corpus
 from kvtier.data.needle import HaystackPrompt, build_haystack, make_needles, score_answer
 from kvtier.errors import ConfigError
 from kvtier.eval.corpus_slice import CHARS_PER_TOKEN_BOUND, corpus_slice
-from kvtier.generation import generate, prompt_ids
-from kvtier.kv.factory import KVConfig
+from kvtier.generation import generate
+from kvtier.models.prompts import prompt_ids
+from kvtier.modes import KVConfig
 
 VARIANTS = ("single", "multi-needle", "multi-key")
 MULTI_NEEDLES = 3

@@ -27,8 +27,8 @@ from kvtier.errors import ConfigError
 from kvtier.eval.attention_mass import EXACT_MODES, AttendedPositions, DenseAttentionProbe, reports_attended
 from kvtier.eval.corpus_slice import CHARS_PER_TOKEN_BOUND, corpus_slice
 from kvtier.eval.record import spread
-from kvtier.generation import check_context
-from kvtier.kv.factory import KVConfig, close_cache, make_cache
+from kvtier.models.prompts import check_context
+from kvtier.modes import KVConfig, make_cache
 
 
 def corpus_ids(tokenizer, corpus_text: str, tokens: int, seed: int) -> torch.Tensor:
@@ -59,7 +59,7 @@ def perplexity_cell(llm, kv_config: KVConfig, prefix_tokens: int, new_tokens: in
     recalls: dict[int, list[float]] = {}
     with torch.inference_mode(), ExitStack() as stack:
         cache = make_cache(model, kv_config, total, 1, llm.model_id)
-        stack.callback(close_cache, cache)
+        stack.callback(cache.close)
         lockstep = _DenseLockstep(stack, model, cache, total) if reports_attended(cache) else None
         _prefill_caches(model, ids[:, :prefix_tokens], cache, lockstep, prefill_chunk)
         steps = tqdm(range(new_tokens), desc=f"ppl {kv_config.kv}", unit="tok", disable=not progress,

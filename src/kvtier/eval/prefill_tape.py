@@ -9,9 +9,8 @@ goes through the model for real in every mode, so what a mode does during prefil
 attention (the sparse path keeps the last prompt queries to place tokens hot or cold) sees
 real queries, and the logits that start decoding come from that mode's forward pass.
 
-Why: at 32K tokens on qwen2.5-0.5b one sequence's prefill takes ~6 minutes on the 2-core
-VM, so batch 8 cost ~50 minutes per mode; a run of offload and sparse plus the recall
-probe did not fit in a working session (2026-11-30). Recorded per sequence (batch 1 at a
+Why: a long prompt's prefill dominates a long-context run, once per mode compared
+(docs/decisions.md). Recorded per sequence (batch 1 at a
 time, so the chunk's attention never holds 8 sequences' scores), then stacked into batch rows.
 Memory: the tape holds the prompt's full K/V (what the dense mode holds anyway).
 """
@@ -24,7 +23,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from kvtier.eval.decode_timing import prefill
+from kvtier.generation import prefill
+from kvtier.kv.geometry import text_config
 
 Update = tuple[int, torch.Tensor, torch.Tensor]  # (layer index, K, V [batch, heads, n, head_dim])
 
@@ -55,7 +55,7 @@ class PrefillTape:
             cache.update(keys, values, layer)
             if (index + 1) % layers == 0:  # one recorded chunk fed to every layer
                 on_chunk()
-        return prefill(model, cache, self.ids[:, self.recorded :], self.chunk, on_chunk)
+        return prefill(model, cache, self.ids[:, self.recorded :], self.chunk, lambda tokens: on_chunk())
 
 
 def recorded_tokens(prompt_tokens: int, chunk: int) -> int:
@@ -83,8 +83,7 @@ class _RecordingCache(DynamicCache):
 
     A subclass rather than a wrapper around a DynamicCache's bound `update`: that wrapper made a
     reference cycle, so each row's cache outlived the row until the cyclic collector ran, and at
-    batch 8 x 32K the process grew to 22 GiB of the VM's 23 (2026-11-30, recovered with gc.collect
-    and malloc_trim from a debugger; 9.6 GiB after).
+    batch 8 x 32K the process nearly ran out of memory (docs/decisions.md).
     """
 
     def __init__(self, config) -> None:
@@ -98,8 +97,8 @@ class _RecordingCache(DynamicCache):
 
 def _record_row(model, ids: torch.Tensor, chunk: int, on_chunk: Callable[[], None]) -> list[Update]:
     """The update calls a dense cache receives while `ids` [1, n] is prefilled."""
-    cache = _RecordingCache(model.config.get_text_config(decoder=True))
+    cache = _RecordingCache(text_config(model))
     if ids.shape[1]:
         with torch.inference_mode():
-            prefill(model, cache, ids, chunk, on_chunk)
+            prefill(model, cache, ids, chunk, lambda tokens: on_chunk())
     return cache.calls

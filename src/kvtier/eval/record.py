@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import StorageError
+from kvtier.storage import open_direct
 
 
 def cell_key(**params: Any) -> str:
@@ -47,6 +48,15 @@ def machine_info(storage_dir: str | Path | None = None) -> dict[str, Any]:
     if storage_dir is not None:
         info["disk"] = disk_info(Path(storage_dir))
     return info
+
+
+def accepts_direct_io(directory: Path) -> bool:
+    """Whether files in `directory` open with O_DIRECT (a filesystem such as tmpfs refuses it)."""
+    probe = directory / f".kvtier-direct-probe-{os.getpid()}"
+    fd, direct = open_direct(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+    os.close(fd)
+    probe.unlink()
+    return direct
 
 
 def disk_info(path: Path) -> dict[str, Any]:

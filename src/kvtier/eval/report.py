@@ -24,9 +24,11 @@ from kvtier.eval.needle_grid import needle_summary
 from kvtier.eval.perplexity import perplexity_summary
 from kvtier.eval.report_plots import Series, bar_plot, line_plot, pyplot, scatter_plot, stacked_bars
 from kvtier.eval.report_text import spread_text, tally_text
-from kvtier.threads import describe_threads
+from kvtier.eval.serve_bench import render_markdown as serve_markdown
+from kvtier.eval.sparse_bench import markdown as sparse_markdown
 from kvtier.eval.traffic import DIRECTIONS
-from kvtier.kv.factory import KV_MODES
+from kvtier.modes import KV_MODES
+from kvtier.threads import describe_threads
 from kvtier.units import format_size
 
 REPORT_NAME = "REPORT.md"
@@ -62,6 +64,16 @@ def read_json(path: Path) -> dict:
         raise StorageError(f"cannot read results file {path}: {error}") from None
 
 
+def appendices(directory: Path) -> list[tuple[str, str]]:
+    """(title, markdown) of the sparse-*.json and serve.json files, rendered as their benchmarks render them."""
+    sections = [(f"Sparse vs offload (`{path.name}`)", sparse_markdown(read_json(path)))
+                for path in sorted(directory.glob("sparse-*.json"))]
+    serve = directory / "serve.json"
+    if serve.is_file():
+        sections.append(("Serve benchmark (`serve.json`)", serve_markdown(read_json(serve))))
+    return sections
+
+
 def write_report(directory: Path, appendices: list[tuple[str, str]] = ()) -> tuple[Path, list[Path]]:
     """Write REPORT.md and its plots; `appendices` are (title, markdown) sections added at the end.
 
@@ -88,7 +100,7 @@ def header(results: Results, appendix_titles: list[str]) -> list[str]:
     return [
         "# kvtier benchmark report", "",
         "Regenerate with `kvtier bench report`; the numbers come from `kvtier bench latency` (experiments a-f of "
-        "hillinfer.txt's evaluation) and `kvtier bench accuracy`. Timed values are medians [min, max] (n=runs) "
+        "the HillInfer paper's evaluation) and `kvtier bench accuracy`. Timed values are medians [min, max] (n=runs) "
         "over the repeats; every mode is timed by the same loop (prefill, one untimed decode step, timed steps).", "",
         f"Result files: {files}" + (f"; also {', '.join(appendix_titles)}." if appendix_titles else "."), "",
         *(f"Machine: {text}" for text in sorted(machines)), "",

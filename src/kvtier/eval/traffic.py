@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import math
 
-from transformers import DynamicCache
-
 from kvtier.baselines.selective import SelectiveCache
-from kvtier.eval.budgets import kv_bytes_per_token
-from kvtier.kv.factory import full_attention_layers
+from kvtier.kv.contract import TieredLayer
+from kvtier.kv.dense import DenseCache
+from kvtier.kv.geometry import model_geometry
 from kvtier.kv.offload import OffloadCache
 from kvtier.sparse.cache import SparseCache
 from kvtier.storage import PAGE
@@ -54,11 +53,11 @@ def cache_bypass(cache) -> str | None:
 
 def step_traffic(cache, model, measured: dict, alpha: float) -> dict[str, float]:
     """Bytes per decode step in each of DIRECTIONS, from a cache after `measure_decode` (before close)."""
-    if isinstance(cache, DynamicCache):
+    if isinstance(cache, DenseCache):
         return dict.fromkeys(DIRECTIONS, 0.0)
-    layer_bytes = kv_bytes_per_token(model) / len(full_attention_layers(model.config.get_text_config(decoder=True)))
+    layer_bytes = 2 * model_geometry(model).token_bytes_per_layer
     disk_read = measured["disk_read_bytes_per_step"]
-    tiered = [layer for layer in cache.layers if hasattr(layer, "tier_tokens") and layer.is_initialized]
+    tiered = [layer for layer in cache.layers if isinstance(layer, TieredLayer) and layer.is_initialized]
     batch = tiered[0].keys.shape[0] if tiered else 0
     traffic = {"storage->host": disk_read, "storage internal": 0.0,
                "host->storage": measured["disk_written_bytes_per_step"],

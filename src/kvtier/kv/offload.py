@@ -16,10 +16,11 @@ from concurrent.futures import Future
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvtier.errors import StorageError
 from kvtier.kv.budget import TierCapacity
+from kvtier.kv.contract import KVCache
 from kvtier.storage import K, V, IOStats, KVBlockFile, aligned_buffer
 
 
@@ -191,7 +192,7 @@ def _tokens_over(count: int, capacity: int, block_tokens: int) -> int:
     return 0 if excess <= 0 else -(-excess // block_tokens) * block_tokens
 
 
-class OffloadCache(Cache):
+class OffloadCache(Cache, KVCache):
     """Cache for `model(..., cache=...)` / `model.generate(cache=...)` with full-attention layers tiered to disk.
 
     Sliding-window layers (Gemma 3) keep their bounded window on the device.

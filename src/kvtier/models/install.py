@@ -26,7 +26,7 @@ from typing import BinaryIO
 from tqdm import tqdm
 
 from kvtier.errors import ModelError
-from kvtier.models.paths import assembled_dir, partial_path, remove_abandoned_partials, stamps_dir
+from kvtier.paths import assembled_dir, partial_path, remove_abandoned_partials, stamps_dir
 from kvtier.models.registry import ModelSpec, PackagedFile, get_spec
 
 _CHUNK_BYTES = 4 << 20

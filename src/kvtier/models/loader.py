@@ -26,7 +26,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvtier.errors import ConfigError, ModelError
 from kvtier.models.install import file_sha256, model_status, pull
-from kvtier.models.paths import converted_dir, partial_path, remove_abandoned_partials
+from kvtier.paths import converted_dir, partial_path, remove_abandoned_partials
 from kvtier.models.registry import DEFAULT_MODEL, REGISTRY, ModelSpec, find_spec_by_sha256
 
 LOAD_FORMATS = ("auto", "dummy")

@@ -28,8 +28,9 @@ from typing import Any
 import torch
 
 from kvtier.errors import ConfigError
-from kvtier.generation import prompt_ids
-from kvtier.models.paths import cache_dir
+from kvtier.kv.geometry import model_geometry
+from kvtier.models.prompts import prompt_ids
+from kvtier.paths import cache_dir
 from kvtier.serve.block_manager import BlockManager
 from kvtier.serve.dram_swap import DramSwap
 from kvtier.serve.flash_swap import FlashSwap
@@ -51,7 +52,7 @@ SWAP_MODES = ("flash", "dram", "recompute")
 class EngineConfig:
     """Pool and swap sizes. Sizes accept units (`256MiB`); `device_blocks` overrides `device_kv_budget`."""
 
-    block_tokens: int = 64  # HiFC's best block size (hifc.txt, Fig. 6)
+    block_tokens: int = 64  # HiFC's best block size (the HiFC paper, Fig. 6)
     device_kv_budget: int | str = "256MiB"
     device_blocks: int | None = None
     swap: str = "flash"
@@ -111,8 +112,7 @@ class LLMEngine:
         self._encode, self._decode = encode, decode
         self.eos_token_ids = set(eos_token_ids)
         started = time.perf_counter()
-        text_config = model.config.get_text_config(decoder=True)
-        geometry = KVGeometry.from_config(text_config, str(model.dtype).removeprefix("torch."))
+        geometry = model_geometry(model)
         self.pool = KVPool(geometry, self._device_blocks(geometry), self.config.block_tokens, model.device)
         self.swap = self._make_swap()
         self.init_seconds = time.perf_counter() - started

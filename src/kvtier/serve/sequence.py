@@ -94,10 +94,6 @@ class Sequence:
         """Tokens the sequence can reach: the KV it may ever need."""
         return len(self.prompt_ids) + self.sampling.max_new_tokens
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is Status.FINISHED
-
     def pending_tokens(self) -> int:
         """Tokens whose K/V still has to be computed before the next token can be sampled."""
         return self.num_tokens - self.num_computed

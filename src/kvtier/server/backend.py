@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.generation import prompt_ids
-from kvtier.kv.factory import KVConfig
+from kvtier.modes import KVConfig
 from kvtier.serve.block_manager import blocks_for
 from kvtier.serve.engine import EngineConfig, LLMEngine
 from kvtier.serve.sequence import SamplingParams

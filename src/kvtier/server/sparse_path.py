@@ -26,7 +26,8 @@ import torch
 
 from kvtier.errors import KvtierError
 from kvtier.generation import GenerationCancelled, GenerationResult, generate
-from kvtier.kv.factory import KVConfig, disk_bytes, scorer_restarts, tier_bytes
+from kvtier.kv.contract import tier_bytes
+from kvtier.modes import KVConfig
 from kvtier.serve.sampler import Sampler
 from kvtier.serve.sequence import SamplingParams
 from kvtier.server.token_stream import SHUTTING_DOWN, Finished, TokenStream
@@ -171,8 +172,7 @@ class _Watch:
     def __call__(self, cache) -> bool:
         if cache is not self._cache:  # a damaged stored prefix makes generate start over in a fresh cache
             self._cache, self._read, self._restarts = cache, 0, 0
-        read, _ = disk_bytes(cache)
-        restarts = scorer_restarts(cache)
+        read, restarts = cache.io_stats().bytes_read, cache.runtime.scorer.restarts  # a SparseCache
         self._path._observe(tier_bytes(cache, self._model), read - self._read, restarts - self._restarts)
         self._read, self._restarts = read, restarts
         return self._stream.cancelled

@@ -1,4 +1,4 @@
-"""Sparse path (HillInfer, hillinfer.txt): `--kv sparse`.
+"""Sparse path (the HillInfer paper): `--kv sparse`.
 
 Tiers per full-attention layer and sequence:
     device   sink + recent window + the new token (always attended)
@@ -55,29 +55,18 @@ Decisions and why:
 - Cold records are per token (selection is per token) and the cold pool is
   written in position order at placement, so neighbouring selected tokens share
   pages; the benchmark reports the pages read per step.
-- GQA token importance is "sum" (the group's queries summed into one query per
-  KV head), not "max" over the group's heads. Measured by `kvtier bench sparse
-  --context 8000` (smollm2-135m, 3 query heads per KV head, mean over the 30
-  layers of one decode step): top-k recall sum 0.811 vs max 0.839, but recall of
-  attention mass, which bounds the attention output error, 0.992 vs 0.993. The
-  selections are equally good where it matters, and sum sends and scores one
-  query per KV head instead of three. qwen2.5-0.5b at 32K (7 query heads per KV
-  head, `--model qwen2.5-0.5b --context 32000`): sum is the better one, top-k
-  recall 0.744 vs 0.735, attention mass 0.976 vs 0.944.
-- INT8 sketches lose nothing measurable against full-precision keys (recall
-  0.811 both, sum); INT4 loses little (0.808): INT8 is the default, INT4 halves
-  the scorer's reads.
-- Always-kept tokens, same run (share of attention mass, mean over layers):
-  the first token alone holds 18.8% and sink 4/16/64 add nothing more; the last
-  16/64/256/1024 tokens hold 36.9/50.8/56.9/67.2%. Defaults sink 4 (free
-  insurance for models with more than one sink token) and recent 64 (the knee:
-  256 costs 4x the device tokens for 6 more points).
-- Score blocks are 1024 tokens (SparseSettings.score_block_tokens): each block
-  is one numpy call in the scorer, and blocks of 64 made the call overhead
-  cost more than the inner products (2.6 vs 1.0 ms per 4800 INT8 sketches).
-- Cold reads go to the disk as one kernel AIO batch per layer (all sequences),
-  checked with one crc32c per 4 KiB page; tokens leave the recent window
-  `retire_batch` at a time. Measurements behind these: docs/decisions.md.
+- GQA token importance is "sum" (the group's queries summed into one query per KV head), not
+  "max" over the group's heads: the selections are as good where it matters (attention mass), and
+  sum sends and scores one query per KV head instead of one per query head.
+- INT8 sketches are the default (they lose nothing measurable against full-precision keys); INT4
+  halves the scorer's reads for a small recall loss.
+- Always-kept tokens: sink 4 (insurance for models with more than one sink token) and recent 64
+  (the knee of the attention mass the last tokens hold).
+- Score blocks are 1024 tokens (SparseSettings.score_block_tokens): each block is one numpy call
+  in the scorer, and small blocks pay more call overhead than inner products.
+- Cold reads go to the disk as one kernel AIO batch per layer (all sequences), checked with one
+  crc32c per 4 KiB page; tokens leave the recent window `retire_batch` at a time.
+The measurements behind these choices, with their commands and dates: docs/decisions.md.
 - Prefill attention is dense (the model's own); its K/V accumulate in host
   memory until the first decode step distributes them. The prompt KV must
   therefore fit in host memory once during prefill.

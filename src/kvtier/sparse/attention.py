@@ -11,7 +11,7 @@ implementation untouched, so installing is harmless for dense runs.
 The function is registered as `kvtier_sparse_<inner>` (e.g. `kvtier_sparse_sdpa`)
 together with the inner implementation's mask function: without a registered
 mask function the mask would arrive as None and sliding-window layers would
-silently attend to everything (DESIGN.md). Installing is permanent for a
+silently attend to everything. Installing is permanent for a
 model (it only delegates when no sparse cache is active).
 """
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import torch
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from kvtier.errors import ConfigError
+from kvtier.kv.contract import SelectiveKVCache
+from kvtier.kv.geometry import model_geometry, text_config
 from kvtier.sparse import attention
 from kvtier.sparse.layer import SparseLayer
 from kvtier.sparse.runtime import SparseRuntime
@@ -29,7 +30,7 @@ from kvtier.storage import IOStats
 from kvtier.units import format_size
 
 
-class SparseCache(Cache):
+class SparseCache(Cache, SelectiveKVCache):
     """Cache for `model(..., cache=...)` with tiered full-attention layers and the storage scorer."""
 
     def __init__(self, layers: list, runtime: SparseRuntime, tiered_layers: list[int]) -> None:
@@ -90,11 +91,10 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
                       io_threads: int = 8) -> SparseCache:
     """A SparseCache for up to `max_tokens` tokens per sequence of `model`."""
     settings = settings.validated()
-    config = model.config.get_text_config(decoder=True)
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    token_layer_bytes = 2 * heads * head_dim * torch.empty(0, dtype=model.dtype).element_size()
-    per_token = token_layer_bytes * len(tiered_layers) * batch_size
+    config = text_config(model)
+    geometry = model_geometry(model, tiered_layers)
+    heads, head_dim = geometry.num_kv_heads, geometry.head_dim
+    per_token = geometry.token_bytes * batch_size
     window = settings.sink + settings.recent + settings.retire_batch
     if window * per_token > device_budget:
         raise ConfigError(f"device KV budget {format_size(device_budget)} cannot hold the sink + recent window and "

@@ -1,6 +1,6 @@
 """HKM's hit table: two bytes per token and layer recording how often and how recently it was selected.
 
-hillinfer.txt (Fig. 8, BKP) observes that tokens selected as important keep
+The HillInfer paper (Fig. 8, BKP) observes that tokens selected as important keep
 being selected (temporal locality) while per-step scores fluctuate. The table
 keeps, per token position:
 

@@ -31,10 +31,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers.cache_utils import CacheLayerMixin
 
-from kvtier.errors import ConfigError
 from kvtier.kv.gather import take_tokens
+from kvtier.kv.windowed import WindowedLayer
 from kvtier.sparse.hit_table import HitTable
 from kvtier.sparse.hot_pool import HotPool, importance
 from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
@@ -45,71 +44,27 @@ if TYPE_CHECKING:
     from kvtier.sparse.runtime import SparseRuntime
 
 
-class SparseLayer(CacheLayerMixin):
+class SparseLayer(WindowedLayer):
     """KV of one full-attention layer, tiered across device window, hot pool and cold pool."""
 
-    is_sliding = False
-
     def __init__(self, layer_idx: int, tier: int, runtime: SparseRuntime) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
+        settings = runtime.settings
+        super().__init__(layer_idx, runtime.max_tokens, settings.sink, settings.recent, settings.retire_batch)
         self.tier = tier  # index among the tiered layers (cold-pool region)
         self.runtime = runtime
-        self.tokens = 0
-        self.distributed = False
         self.hot: HotPool | None = None
         self.table: HitTable | None = None
         self.meter = PingPongMeter()
-        self.window_positions = np.empty(0, dtype=np.int64)
-        self.sink_tokens = 0
         self._observation: torch.Tensor | None = None
         self._scaling = 1.0
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device, self.dtype = key_states.device, key_states.dtype
-        self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
-        batch, heads, _, head_dim = key_states.shape
+    def make_pool(self, batch: int, heads: int, head_dim: int) -> None:
         self.hot = HotPool(batch, heads, head_dim, self.dtype, pin=self.device.type == "cuda")
         self.table = HitTable(batch, self.runtime.max_tokens)
-        self.is_initialized = True
 
-    # ----- cache protocol -----
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        count = key_states.shape[2]
-        if not self.distributed and (count > 1 or self.tokens == 0):
-            self.keys = torch.cat([self.keys, key_states], dim=2)
-            self.values = torch.cat([self.values, value_states], dim=2)
-            self.tokens += count
-            return self.keys, self.values
-        if count > 1:
-            raise ConfigError("the sparse KV cache decodes one token per forward pass after the prompt; "
-                              "feed the whole prompt before decoding")
-        if not self.distributed:
-            self.distribute()
-        self.keys = torch.cat([self.keys, key_states], dim=2)
-        self.values = torch.cat([self.values, value_states], dim=2)
-        self.window_positions = np.append(self.window_positions, self.tokens)
-        self.tokens += 1
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.tokens
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.tokens + query_length, 0
-
-    def get_max_length(self) -> int:
-        return self.runtime.max_tokens
-
-    def tier_tokens(self) -> dict[str, int]:
-        """Tokens per sequence in each tier."""
-        if not self.distributed:
-            return {"device": self.tokens, "host": 0, "storage": 0}
+    def pool_tokens(self) -> tuple[int, int]:
         self.runtime.cold.settle(self.tier)
-        return {"device": self.keys.shape[2], "host": self.hot.used, "storage": int(self.runtime.cold.used[self.tier])}
+        return self.hot.used, int(self.runtime.cold.used[self.tier])
 
     # ----- prefill -----
 
@@ -120,28 +75,20 @@ class SparseLayer(CacheLayerMixin):
         self._observation = recent[:, :, -window:].clone()
         self._scaling = scaling
 
-    def distribute(self) -> None:
-        """Split the prompt's K/V into device window, hot pool and cold pool (after prefill)."""
-        settings, tokens = self.runtime.settings, self.tokens
-        sink = min(settings.sink, tokens)
-        recent_start = max(sink, tokens - settings.recent)
-        if recent_start > sink:
-            pool = slice(sink, recent_start)
+    def place(self, pool: slice) -> None:
+        """Split the prompt's middle between hot pool and cold pool by observation-window importance (APP's sizes)."""
+        if pool.stop > pool.start:
             importance = self._importance()[:, pool].numpy()
             hot_index, cold_index = split_hot_cold(importance, self.runtime.hot_tokens_for(importance))
             pool_keys, pool_values = self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu()
-            self.hot.append(take_tokens(pool_keys, hot_index), take_tokens(pool_values, hot_index), hot_index + sink)
+            self.hot.append(take_tokens(pool_keys, hot_index), take_tokens(pool_values, hot_index),
+                            hot_index + pool.start)
             if cold_index.shape[1]:
                 self.runtime.cold.append(self.tier, take_tokens(pool_keys, cold_index),
-                                         take_tokens(pool_values, cold_index), cold_index + sink)
-            positions = np.arange(sink, recent_start)[None, :].repeat(len(importance), axis=0)
-            self.table.seed(positions, seed_hits(importance, settings.alpha))
-        keep = torch.cat([torch.arange(sink), torch.arange(recent_start, tokens)])
-        self.keys, self.values = self.keys[:, :, keep].clone(), self.values[:, :, keep].clone()
-        self.window_positions = keep.numpy().astype(np.int64)
-        self.sink_tokens = sink
+                                         take_tokens(pool_values, cold_index), cold_index + pool.start)
+            positions = np.arange(pool.start, pool.stop)[None, :].repeat(len(importance), axis=0)
+            self.table.seed(positions, seed_hits(importance, self.runtime.settings.alpha))
         self._observation = None
-        self.distributed = True
 
     def _importance(self) -> torch.Tensor:
         if self._observation is None:  # a prompt fed token by token: no window, keep newer tokens hot
@@ -150,19 +97,11 @@ class SparseLayer(CacheLayerMixin):
 
     # ----- decode -----
 
-    def _retire_oldest_recent(self) -> None:
-        """Move tokens past the recent window into the hot pool, `retire_batch` at a time; demote in a batch
-        if the pool overflows."""
-        excess = self.keys.shape[2] - self.sink_tokens - self.runtime.settings.recent
-        if excess < self.runtime.settings.retire_batch:
-            return
-        moving = slice(self.sink_tokens, self.sink_tokens + excess)
-        positions = np.broadcast_to(self.window_positions[moving], (self.keys.shape[0], excess)).copy()
-        self.hot.append(self.keys[:, :, moving].to("cpu"), self.values[:, :, moving].to("cpu"), positions)
+    def admit(self, keys: torch.Tensor, values: torch.Tensor, positions: np.ndarray) -> None:
+        """Tokens leaving the recent window enter the hot pool; demote in a batch if it overflows."""
+        positions = np.broadcast_to(positions, (keys.shape[0], len(positions))).copy()
+        self.hot.append(keys.to("cpu"), values.to("cpu"), positions)
         self.table.seed(positions, np.ones_like(positions, dtype=np.uint8))
-        keep = torch.cat([torch.arange(self.sink_tokens), torch.arange(moving.stop, self.keys.shape[2])])
-        self.keys, self.values = self.keys[:, :, keep], self.values[:, :, keep]
-        self.window_positions = np.delete(self.window_positions, np.arange(moving.start, moving.stop))
         overflow = self.hot.used - self.runtime.hot_tokens
         if overflow >= self.runtime.settings.demote_batch:
             self._demote(overflow)
@@ -233,7 +172,7 @@ class SparseLayer(CacheLayerMixin):
         if runtime.on_attend is not None:
             self._report_attended(positions)
         self._apply_swaps(swaps, picks, positions, cold)
-        self._retire_oldest_recent()
+        self.retire()
         if step is not None:
             step.score_s += chosen - started
             step.fetch_s += submitted - chosen + cold_fetched - hot_attended

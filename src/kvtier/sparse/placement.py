@@ -1,6 +1,6 @@
 """Initial placement after prefill: which prompt tokens start hot and which cold.
 
-The prompt's own attention says which tokens matter (DESIGN.md "hard parts"):
+The prompt's own attention says which tokens matter:
 the last `observation_window` prompt queries (SnapKV's observation window)
 attend over all prompt keys, and each token's importance is the attention
 probability it receives, summed over those queries and all heads. The most

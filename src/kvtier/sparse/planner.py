@@ -1,6 +1,6 @@
 """APP: the latency model that splits the pooled tokens between hot (host) and cold (storage) pools.
 
-hillinfer.txt eq. (2): per layer and step the host path costs
+The HillInfer paper's eq. (2): per layer and step the host path costs
     T_CPU     = Mc / f_c + alpha_c * Mc / B_c    (score the hot pool, fetch its selected tokens)
 and the storage path
     T_storage = Ms / f_s + alpha_s * Ms / B_s    (scorer reads + scores sketches, fetch selected cold K/V)
@@ -11,37 +11,26 @@ One term is added to the paper's model: the storage path also pays a fixed round
 scorer request (query hand-off, wake-up, first read, result hand-back: one request per layer and
 step for the whole batch), so T_storage = R / batch + Ms / f_s + alpha_s * Ms / B_s per sequence.
 Balancing with Mc + Ms = M gives Mc = (R / batch + M * c_s) / (c_c + c_s), with c_c and c_s the
-per-token costs above; R = 0 is eq. (4) again. Without R, `kvtier bench latency --experiments d`
-(smollm2-135m, 2K, 2026-11-30) had APP choose beta 1.35 (156.5 ms per step) while every fixed beta
-from 4 to 16 was faster (132-143 ms): at short contexts the round trip, not the scan, is the
-storage path's cost.
+per-token costs above; R = 0 is eq. (4) again. At short contexts the round trip, not the scan, is
+the storage path's cost.
 
 Skew correction: HKM puts the important tokens in the hot pool, so the hot pool's selection
 rate alpha_c exceeds alpha and the cold pool's alpha_s falls below it. We estimate both from the
 prompt's observation-window importance (the same signal placement uses): place with beta, count
 how much of the top-alpha set lands hot and cold, recompute beta, and iterate to a fixed point.
 That estimate is in-sample (placement already put exactly that set hot), so with a hot pool larger
-than the top-alpha set it says alpha_s = 0, while decode picks some cold tokens: 0.9% of them at 8K
-(smollm2-135m) and 4.4% at 32K (qwen2.5-0.5b, hot 0.435 measured). A held-out estimate was tried on
-2026-11-30 (each window query alone picks its top-alpha set by raw inner products, as a decode step
-does): at 8K it planned 0.506 / 0.000 (hot / cold) against 0.491 / 0.009 measured, but at 32K
-0.187 / 0.209 against 0.435 / 0.044, which put T_CPU 2.7x low and T_storage 2.5x high; it was not
-kept. Results record the planned rates beside the measured ones (`planned_selection_rates`). The
-rest of the T_storage gap (8K: 58.5 ms predicted, 140.1 measured) is the cold fetch: B_s is calibrated
-on 20% of a pool's tokens, nearly every page, while decode reads a few scattered pages per layer,
-several times dearer per token.
+than the top-alpha set it says alpha_s = 0 while decode picks a few cold tokens; a held-out estimate
+was tried and was worse at long contexts. Results record the planned rates beside the measured ones
+(`planned_selection_rates`).
 
 Units are tokens (of one layer and sequence) and tokens per second. `calibrate` measures the four
 throughputs on this machine with the real code paths (HotPool scoring, the gather-and-place copy of
 the selected tokens, the scorer process reading O_DIRECT sketches, cold K/V record reads) and caches
 them per machine, storage device, geometry and torch thread count in
 `<user cache>/sparse-calibration.json`; `refresh=True` measures again. The thread count is part of
-the key because the host rates scale with it (1 vs 2 threads on the 2-core VM: host scoring 28 vs
-49-56 M tokens/s, host fetch 1.7-2.7 vs 5.0-5.2 M) and the plan is made on the first decode step,
-so the rates must be those of the decode's threads (one for `--kv sparse` in the benchmarks: the
-scorer holds the other core). At 32K on qwen2.5-0.5b a calibration cached under the prefill's two
-threads predicted T_CPU 28.2 ms per step against 84.2 measured; under the decode's one thread,
-93.9 against 103.1 (`kvtier bench sparse --model qwen2.5-0.5b --context 32000 --score-bits 4`).
+the key because the host rates scale with it and the plan is made on the first decode step, under
+the decode's threads (one fewer than the cores for `--kv sparse`: the scorer holds a core).
+The measurements behind the round trip, the skew estimate and the per-thread key: docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -58,7 +47,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from kvtier.models.paths import cache_dir
+from kvtier.paths import cache_dir
 from kvtier.sparse.cold_pool import ColdPool
 from kvtier.sparse.hot_pool import HotPool
 from kvtier.sparse.placement import split_hot_cold

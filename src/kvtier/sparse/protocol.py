@@ -1,6 +1,6 @@
 """The host <-> storage-scorer protocol: one shared-memory segment and two pipes.
 
-Hot path per layer and step (DESIGN.md "per-layer round trips"): the host
+Hot path per layer and step (one round trip per layer and step, so it must be cheap): the host
 writes the query into shared memory and one 24-byte request into the request
 pipe; the scorer writes `<position, score>` score blocks of n tokens into the
 shared result area, bumping a per-sequence block counter after each block, and

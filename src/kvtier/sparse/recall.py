@@ -8,8 +8,8 @@ aggregation x sketch precision) selects its own top-k; we report
     recall       |selected & exact top-k| / k
     mass_recall  attention mass on the selected tokens / mass on the exact top-k
 
-Used by `kvtier bench sparse` to choose the head aggregation (DESIGN.md:
-summed group queries vs max over heads) and to compare INT8 with INT4, and
+Used by `kvtier bench sparse` to choose the head aggregation (summed
+group queries vs max over heads) and to compare INT8 with INT4, and
 (`edge_mass`) to size the always-kept sink and recent windows: the share of
 attention mass that lands on the first and on the last tokens.
 """

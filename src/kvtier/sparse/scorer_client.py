@@ -4,7 +4,7 @@ The client is the host's one seam to the cold tier's scorer: it owns every
 read and write of the shared channel. `request(layer, query, cold_tokens)`
 returns at once so the host scores its hot pool while the scorer works;
 `scores()` blocks until the layer's cold scores are in and returns them.
-Fault handling (the issue's "fault tolerance"):
+Fault handling:
 
 - The scorer dies: its end of the response pipe closes, so `wait()` sees end
   of file at once (a request written after its death gets EPIPE). Detection
@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 
-import kvtier
 from kvtier.errors import StorageError
 from kvtier.sparse.protocol import (
     CONTROL_COLD_TOKENS, CONTROL_LAYER, CONTROL_REQUEST, OP_SCORE, OP_STOP, REQUEST, RESPONSE, STATUS_OK, Channel,
@@ -178,7 +177,7 @@ class ScorerClient:
         request_read, self._request_fd = os.pipe()
         self._response_fd, response_write = os.pipe()
         config = dict(self.config, request_fd=request_read, response_fd=response_write)
-        source_root = str(Path(kvtier.__file__).resolve().parents[1])
+        source_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")])))
         try:

@@ -1,6 +1,6 @@
 """The storage-side scorer: a separate OS process that owns reading the cold pool's sketches.
 
-It plays the SmartSSD's FPGA (hillinfer.txt HIE + CEC): per request it reads
+It plays the SmartSSD's FPGA (the HillInfer paper's HIE + CEC): per request it reads
 one layer's key sketches next to the data, computes raw inner products with
 the query found in shared memory, and streams `<position, score>` blocks back.
 It never sends keys to the host.

@@ -16,7 +16,7 @@ class SparseSettings:
     alpha: float = 0.2  # importance rate: fraction of pooled (hot + cold) tokens attended per step (paper: 20%)
     score_bits: int = 8  # sketch precision for cold scoring
     beta: float | None = None  # hot/cold split Mc/Ms; None: APP chooses it (planner.py)
-    sink: int = 4  # first tokens always attended (attention sinks); measured choice: see sparse/__init__.py
+    sink: int = 4  # first tokens always attended (attention sinks); measured choice: docs/decisions.md
     recent: int = 64  # last tokens always attended, kept on the device with the new ones; ditto
     aggregation: str = "sum"  # GQA token importance: summed group queries ("sum") or max over heads ("max"); ditto
     observation_window: int = 32  # last prompt queries whose attention places tokens hot or cold (SnapKV-style)
@@ -26,14 +26,12 @@ class SparseSettings:
     idle_steps: int = 16
     demote_batch: int = 64  # tokens per sequence demoted at once when the hot pool overflows (batched writes)
     # Tokens leave the recent window for the hot pool this many at a time, so the window holds recent to
-    # recent + retire_batch - 1 tokens (all attended); moving one per step cost ~0.3 ms per layer and step.
+    # recent + retire_batch - 1 tokens (all attended); moving them one per step cost more (docs/decisions.md).
     retire_batch: int = 16
     scorer_memory_budget: int = 0  # bytes of sketches the scorer may keep in memory (emulated on-board DRAM)
     scorer_io_threads: int = 4
     # Tokens per streamed score block. Each block is one numpy call in the scorer, so small blocks pay call
-    # overhead: scoring 4800 INT8 sketches (3 heads x 64) took 2.6 ms in blocks of 64, 1.3 ms in 256, 1.0 ms in
-    # 1024, 0.87 ms in one piece (single thread, development VM). 1024 keeps streaming (an 8K layer is several
-    # blocks) at near the one-piece cost.
+    # overhead; 1024 keeps streaming (an 8K layer is several blocks) at near the one-piece cost (docs/decisions.md).
     score_block_tokens: int = 1024
     crash_scorer_after_blocks: int = -1  # fault injection for tests: the scorer kills itself after that many blocks
 

@@ -2,7 +2,7 @@
 
 A sketch is one token's key of one layer (all KV heads), quantized symmetrically
 to INT8 or INT4 in groups of `group` dimensions, each group with its own fp16
-scale. It exists only for *scoring* (hillinfer.txt, "asymmetric precision"):
+scale. It exists only for *scoring* (the HillInfer paper's "asymmetric precision"):
 the selected tokens are always fetched in full precision afterwards.
 
 Record layout (one token, little endian, no padding):
@@ -11,7 +11,7 @@ Record layout (one token, little endian, no padding):
             uint8 [heads * head_dim / 2]     (INT4: two's-complement nibbles, low nibble = even dim)
 
 INT4 sketches of an fp16 key are 1/4 of its bytes and 1/8 of the K+V bytes,
-the floor of the scorer's I/O per step (DESIGN.md, "sketch bytes").
+the floor of the scorer's I/O per step.
 
 Scoring computes raw inner products only (no softmax, no 1/sqrt(d)): ranking
 is all selection needs, and softmax is monotonic. This module depends on numpy
@@ -111,8 +111,8 @@ def score_keys(keys: np.ndarray, query: np.ndarray, aggregation: str) -> np.ndar
     """Raw inner-product importance (float32 [tokens]) of dequantized keys [tokens, heads, head_dim].
 
     `query` is float32 [heads, q_per_head, head_dim]: for "sum" the query heads of a GQA group
-    already summed (q_per_head = 1), so the score is the sum over all heads of q_h . k (DESIGN.md:
-    sum_h q_h.k = (sum_h q_h).k), one dot product per token; for "max" every query head, and the
+    already summed (q_per_head = 1), so the score is the sum over all heads of q_h . k
+    (sum_h q_h.k = (sum_h q_h).k), one dot product per token; for "max" every query head, and the
     score is the max over heads.
 
     Computed with einsum, not BLAS: its result does not depend on a BLAS thread count, so the

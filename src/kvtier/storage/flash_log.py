@@ -73,11 +73,6 @@ class SlotAllocator(ABC):
         """Slots `allocate` can hand out right now: allocate(free_slots) succeeds, one more fails."""
 
     @property
-    def stale_slots(self) -> int:
-        """Freed slots that cannot be written yet (always 0 for a policy that reuses at once)."""
-        return self.num_slots - self._live_count - self.free_slots
-
-    @property
     def sequential_share(self) -> float:
         """Fraction of allocations that continued where the previous one ended (1.0 before any)."""
         return self.sequential_appends / self.appends if self.appends else 1.0

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from kvtier.errors import StorageError
+from kvtier.kv.geometry import model_geometry
 from kvtier.storage import IOEngine
 from kvtier.store.entry import CorruptEntry, EntryMeta, EntryWriter, read_layers
 from kvtier.store.keys import block_keys, document_key, identity_of
@@ -47,9 +48,9 @@ class PromptReuse:
         identity = identity_of(llm)
         digest, tokens = identity.digest(), ids[0].tolist()
         keys = block_keys(digest, tokens, identity.block_tokens)
-        config = llm.model.config.get_text_config(decoder=True)
+        geometry = model_geometry(llm.model)
         meta = EntryMeta(vars(identity), digest, document_key(tokens), identity.block_tokens, keys,
-                         [[config.num_key_value_heads, _head_dim(config)]] * config.num_hidden_layers, identity.dtype, [],
+                         [[geometry.num_kv_heads, geometry.head_dim]] * geometry.num_layers, identity.dtype, [],
                          " ".join(text[: 4 * HEAD_CHARS].split())[:HEAD_CHARS], 0.0)
         usable = (len(tokens) - 1) // identity.block_tokens  # leave a token for the model's logits
         match = store.longest_prefix(meta.identity_digest, keys, meta.document, usable)
@@ -124,7 +125,3 @@ class PromptReuse:
             self.store.discard(writer, writer.failure)
             return None
         return self.store.publish(writer)
-
-
-def _head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvtier.errors import ConfigError, StorageError
-from kvtier.models.paths import cache_dir
+from kvtier.paths import cache_dir
 from kvtier.processes import process_exists
 from kvtier.storage import fsync_directory
 from kvtier.store.meta import META, CorruptEntry, EntryMeta, read_meta

@@ -1,7 +1,7 @@
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.serve.workload import Workload
+from kvtier.eval.workload import Workload
 
 
 def fake_encode(text: str) -> list[int]:

@@ -21,7 +21,7 @@ from kvtier.serve.sequence import SamplingParams
 class Workload:
     """`requests` prompts of min..max tokens, each generating `new_tokens`; pool = `pool_fraction` of demand.
 
-    The issue's workload is 32-64 requests of 2K-8K tokens; `scaled(s)` shrinks prompt lengths
+    The full workload is 32-64 requests of 2K-8K tokens; `scaled(s)` shrinks prompt lengths
     by s but keeps the 32 requests, so as many sequences share the pool as at full size, and
     keeps at least 32 new tokens, so each sequence still grows by whole blocks after admission:
     growth past the pool is what forces swapping (with 16 new tokens and 64-token blocks most

@@ -1,9 +1,9 @@
-"""The paper's cost, endurance and pipeline formulas against its own numbers (hifc.txt)."""
+"""The paper's cost, endurance and pipeline formulas against its own numbers (the HiFC paper)."""
 
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.serve.costmodel import (
+from kvtier.eval.costmodel import (
     GIB,
     PAPER_DRAM,
     PAPER_HIFC,

@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvtier.models.paths import (
+from kvtier.paths import (
     assembled_dir,
     cache_dir,
     converted_dir,

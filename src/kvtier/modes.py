@@ -1,7 +1,8 @@
-"""Build the transformers Cache for a KV mode.
+"""KV mode -> the transformers Cache that implements it (`KVConfig` -> a `kvtier.kv.contract.KVCache`).
 
-`dense` (reference), `offload` (device -> host -> disk), `sparse` (HillInfer), and the paper's baselines
-`h2o`, `infinigen`, `leoam` (kvtier.baselines), all under the same budgets and storage layer.
+`dense` (reference), `offload` (device -> host -> disk), `sparse` (HillInfer), and the HillInfer paper's
+baselines `h2o`, `infinigen`, `leoam` (kvtier.baselines), all under the same budgets and storage layer.
+It sits above every mode's package, so the modes themselves import only downward (kvtier.kv, storage).
 """
 
 import os
@@ -9,18 +10,20 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from kvtier.baselines import BASELINES
 from kvtier.baselines.runtime import TierSetup
 from kvtier.errors import ConfigError, StorageError
 from kvtier.kv.budget import tier_capacity
+from kvtier.kv.contract import KVCache
+from kvtier.kv.dense import DenseCache
+from kvtier.kv.geometry import full_attention_layers, model_geometry, text_config
 from kvtier.kv.offload import OffloadCache, OffloadLayer, TieredStore
-from kvtier.models.paths import cache_dir
+from kvtier.paths import cache_dir
 from kvtier.sparse.cache import make_sparse_cache
 from kvtier.sparse.settings import SparseSettings, parse_beta
-from kvtier.storage import IOEngine, KVBlockFile, KVGeometry
+from kvtier.storage import IOEngine, KVBlockFile
 from kvtier.storage.stale_files import remove_abandoned_kv_files
 from kvtier.units import parse_size
 
@@ -35,7 +38,7 @@ class KVConfig:
     device_kv_budget: int | str = "64MiB"
     host_kv_budget: int | str = "256MiB"
     storage_dir: str | None = None  # default: <user cache>/kv
-    block_tokens: int = 64  # HiFC's best block size (hifc.txt Fig. 6); 4 KiB-aligned for every packaged model
+    block_tokens: int = 64  # HiFC's best block size (the HiFC paper, Fig. 6); 4 KiB-aligned for every packaged model
     io_threads: int = 8
     # sparse mode and baselines (kvtier.sparse.settings.SparseSettings documents each)
     alpha: float = 0.2
@@ -43,6 +46,7 @@ class KVConfig:
     beta: str | float = "auto"
     sink: int = 4
     recent: int = 64
+    policy: str = "hit"  # sparse migration policy
 
     def validated(self) -> "KVConfig":
         if self.kv not in KV_MODES:
@@ -58,34 +62,28 @@ class KVConfig:
     def sparse_settings(self) -> SparseSettings:
         """The sparse-mode settings these options describe (validated)."""
         return SparseSettings(alpha=self.alpha, score_bits=self.score_bits, beta=parse_beta(self.beta),
-                              sink=self.sink, recent=self.recent).validated()
+                              sink=self.sink, recent=self.recent, policy=self.policy).validated()
 
 
 def default_storage_dir() -> Path:
     return cache_dir() / "kv"
 
 
-def full_attention_layers(config) -> list[int]:
-    """Layers whose KV grows with the context (tiered); sliding-window layers stay on the device."""
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-    return [i for i, kind in enumerate(layer_types) if kind != "sliding_attention"]
-
-
-def make_cache(model, kv_config: KVConfig, max_tokens: int, batch_size: int = 1, model_id: str = "model") -> Cache:
+def make_cache(model, kv_config: KVConfig, max_tokens: int, batch_size: int = 1, model_id: str = "model") -> KVCache:
     """A fresh Cache for one generation of up to `max_tokens` tokens per sequence.
 
-    Offload caches own a KV file; call `.close()` (or use `closing_cache`) to delete it.
+    Tiered caches own files: call `.close()` or use the cache as a context manager.
     """
     kv_config = kv_config.validated()
-    config = model.config.get_text_config(decoder=True)
+    config = text_config(model)
     return _BUILDERS[kv_config.kv](model, config, kv_config, max_tokens, batch_size, model_id)
 
 
-def _dense_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> Cache:
-    return DynamicCache(config=config)
+def _dense_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> KVCache:
+    return DenseCache(config=config)
 
 
-def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> Cache:
+def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> KVCache:
     return make_sparse_cache(
         model, kv_config.sparse_settings(), max_tokens, batch_size, str(_storage_directory(kv_config.storage_dir)),
         parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget), full_attention_layers(config),
@@ -93,7 +91,7 @@ def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_siz
     )
 
 
-def _baseline_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> Cache:
+def _baseline_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> KVCache:
     setup = TierSetup(
         kv_config.sparse_settings(), max_tokens, batch_size, _storage_directory(kv_config.storage_dir),
         parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget),
@@ -104,9 +102,7 @@ def _baseline_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_s
 
 def _offload_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> OffloadCache:
     tiered = full_attention_layers(config)
-    dtype = str(model.dtype).removeprefix("torch.")
-    geometry = KVGeometry.from_config(config, dtype)
-    geometry = KVGeometry(len(tiered), geometry.num_kv_heads, geometry.head_dim, dtype)
+    geometry = model_geometry(model, tiered)
     capacity = tier_capacity(
         parse_size(kv_config.device_kv_budget),
         parse_size(kv_config.host_kv_budget),
@@ -143,57 +139,16 @@ def _kv_file_path(storage_dir: str | None) -> Path:
 
 
 def _storage_directory(storage_dir: str | None) -> Path:
-    """The directory for KV files (created when it is the default), checked to be writable."""
+    """The directory for KV files, checked to be writable. The default is created with its parents; a given one
+    is created when its parent exists (as Hugging Face cache dirs and LMCache disk paths are)."""
     directory = Path(storage_dir) if storage_dir else default_storage_dir()
     if storage_dir is None:
         directory.mkdir(parents=True, exist_ok=True)
+    elif not directory.exists() and directory.parent.is_dir():
+        directory.mkdir(exist_ok=True)
     if not directory.is_dir():
         raise StorageError(f"storage dir {directory} does not exist or is not a directory")
     if not os.access(directory, os.W_OK):
         raise StorageError(f"storage dir {directory} is not writable")
     remove_abandoned_kv_files(directory)
     return directory
-
-
-def place_prompt(cache: Cache) -> None:
-    """End of prefill: a cache that tiers the prompt's KV only then (the sparse cache) does it now."""
-    place = getattr(cache, "place_prompt", None)
-    if place is not None:
-        place()
-
-
-def close_cache(cache: Cache) -> None:
-    """Release a cache's files (no-op for dense caches)."""
-    close = getattr(cache, "close", None)
-    if close is not None:
-        close()
-
-
-def disk_bytes(cache: Cache) -> tuple[int, int]:
-    """(read, written) bytes of the cache's disk tier so far; (0, 0) for caches without one."""
-    io_stats = getattr(cache, "io_stats", None)
-    if io_stats is None:
-        return 0, 0
-    stats = io_stats()
-    return stats.bytes_read, stats.bytes_written
-
-
-def scorer_restarts(cache: Cache) -> int:
-    """Times the sparse cache's storage scorer process was restarted; 0 for caches without one."""
-    scorer = getattr(getattr(cache, "runtime", None), "scorer", None)
-    return getattr(scorer, "restarts", 0)
-
-
-def tier_bytes(cache: Cache, model) -> dict[str, int]:
-    """Bytes of K+V currently held in each tier, over all layers and sequences."""
-    totals = {"device": 0, "host": 0, "storage": 0}
-    config = model.config.get_text_config(decoder=True)
-    per_token_layer = 2 * KVGeometry.from_config(config, str(model.dtype).removeprefix("torch.")).token_bytes_per_layer
-    for layer in cache.layers:
-        if not layer.is_initialized:
-            continue
-        batch = layer.keys.shape[0]
-        tokens = layer.tier_tokens() if hasattr(layer, "tier_tokens") else {"device": layer.keys.shape[-2]}
-        for tier, count in tokens.items():
-            totals[tier] += count * batch * per_token_layer
-    return totals

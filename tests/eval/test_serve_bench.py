@@ -1,4 +1,4 @@
-from kvtier.serve.bench import allocator_replay, disk_sequential_bandwidth
+from kvtier.eval.serve_bench import allocator_replay, disk_sequential_bandwidth
 
 
 def test_replay_shows_the_log_appends_sequentially_and_naive_reuse_does_not():

@@ -6,7 +6,7 @@ Measured, all in the same process and on the same disk:
   depends on I/O timing) and whether every backend produced the same tokens;
 - raw swap bandwidth (bytes moved / seconds inside the copies) next to the disk's sequential
   O_DIRECT bandwidth measured with the same I/O engine;
-- a block-size sweep 16..256 (hifc.txt Fig. 6);
+- a block-size sweep 16..256 (the HiFC paper, Fig. 6);
 - the share of swap-outs that are sequential appends, HiFC's log vs naive lowest-slot reuse, from
   the engine and from a longer allocator replay (Fig. 5), with logical overwrites as a WAF proxy;
 - engine start-up: opening a pre-generated flash file vs allocating a DRAM pool of the same size.
@@ -27,13 +27,15 @@ from typing import Any
 
 from tqdm import tqdm
 
+from kvtier.eval.workload import Workload
+from kvtier.kv.geometry import model_geometry
 from kvtier.serve.dram_swap import DramSwap
 from kvtier.serve.engine import EngineConfig, LLMEngine, flash_backend
 from kvtier.serve.flash_swap import FlashSwap
 from kvtier.serve.kv_pool import KVPool
-from kvtier.serve.workload import Workload
-from kvtier.storage import IOEngine, KVGeometry, aligned_buffer, open_direct
+from kvtier.storage import IOEngine, aligned_buffer, open_direct
 from kvtier.storage.flash_log import FlashLog, NaiveReuseAllocator, SlotAllocator
+from kvtier.units import format_size
 
 SWEEP_BLOCKS = (16, 32, 64, 128, 256)
 Progress = Callable[[str], None]
@@ -154,7 +156,7 @@ class _Runner:
 
     def _swap_space(self, demand_tokens: int) -> int:
         """Twice the workload's whole KV (plus block padding): a swap-out never finds the space full."""
-        return demand_tokens * _geometry(self.llm).token_bytes * 2 + (64 << 20)
+        return demand_tokens * model_geometry(self.llm.model).token_bytes * 2 + (64 << 20)
 
 
 def _median_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -172,7 +174,7 @@ def _allocation(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def allocator_replay(swap_outs: int = 1000, slots: int = 1024, seed: int = 0) -> dict[str, Any]:
-    """The same random swap-out / swap-in trace on both policies (hifc.txt Fig. 5 runs 500 swap-outs)."""
+    """The same random swap-out / swap-in trace on both policies (the HiFC paper's Fig. 5 runs 500 swap-outs)."""
     results = {}
     for allocator in (FlashLog(slots), NaiveReuseAllocator(slots)):
         rng = random.Random(seed)
@@ -233,7 +235,7 @@ def write_amplification_note() -> dict[str, Any]:
 def init_times(llm: Any, flash_dir: Path, nbytes: int, block_tokens: int, io_threads: int,
                repeats: int = 3) -> dict[str, Any]:
     """Seconds to open a pre-generated flash cache vs to allocate a host pool of the same size."""
-    geometry = _geometry(llm)
+    geometry = model_geometry(llm.model)
     pool = KVPool(geometry, 1, block_tokens, llm.model.device)
     slots = max(1, nbytes // (geometry.num_layers * 2 * pool.layout.block_stride))
     path = flash_dir / f"bench-init-{block_tokens}.kvc"
@@ -246,7 +248,75 @@ def init_times(llm: Any, flash_dir: Path, nbytes: int, block_tokens: int, io_thr
             "dram_alloc_s": statistics.median(dram)}
 
 
-def _geometry(llm: Any) -> KVGeometry:
-    config = llm.model.config.get_text_config(decoder=True)
-    return KVGeometry.from_config(config, str(llm.model.dtype).removeprefix("torch."))
+def render_markdown(result: dict[str, Any]) -> str:
+    """The benchmark as a short report: tables of throughput, bandwidth, sweep, allocation and init."""
+    throughput, bandwidth, init = result["throughput"], result["bandwidth"], result["init"]
+    workload = result["workload"]
+    lines = [
+        f"# Serve benchmark (HiFC swap path): {result['model']}",
+        "",
+        f"Workload: {workload['requests']} requests of {workload['min_prompt_tokens']}-{workload['max_prompt_tokens']} "
+        f"prompt tokens, {workload['new_tokens']} new tokens each (`--scale {result['scale']}` of the full "
+        f"32 x 2K-8K); device pool {workload['device_blocks']} blocks of {workload['block_tokens']} tokens "
+        f"(~{workload['pool_fraction']:.0%} of the demand). {_repeats_text(result['io']['repeats'])} "
+        f"{'One untimed warm-up run per block size. ' if result.get('device', 'cpu').startswith('cuda') else ''}"
+        f"Model and KV pool on {result.get('device', 'cpu')} ({result.get('dtype', 'float32')}"
+        f"{', random weights: --load-format dummy' if result.get('load_format') == 'dummy' else ''}). "
+        f"Flash I/O: {_flash_io(result['io'])}; {result['io']['threads']} threads.",
+        "",
+        f"**flash / DRAM throughput: {result['flash_vs_dram']:.3f}** (target >= 0.95); "
+        f"identical outputs across backends: {result['same_outputs']}",
+        "",
+        "| backend | tok/s | runs (tok/s) | wall s | swap-in stall s | swap-outs | swap-ins | recomputes | swap-out bytes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, run in throughput.items():
+        scheduler, swap = run["scheduler"], run["swap"]
+        runs = ", ".join(f"{value:.2f}" for value in run.get("tokens_per_s_runs", [run["tokens_per_s"]]))
+        lines.append(f"| {name} | {run['tokens_per_s']:.2f} | {runs} | {run['wall_s']:.1f} | "
+                     f"{swap.get('in_seconds', 0.0):.2f} | {scheduler['swap_outs']} | {scheduler['swap_ins']} | "
+                     f"{scheduler['recomputes']} | {format_size(swap.get('out_bytes', 0))} |")
+    lines += ["", "Swap-in stall: seconds a resumed sequence waited for its KV (swap-ins are synchronous; "
+              "swap-outs overlap the running batch). Wall and stall are those of the median run."]
+    lines += ["", "| bandwidth | GB/s |", "|---|---|"]
+    for name in ("flash_swap_out", "flash_swap_in", "dram_swap_out", "dram_swap_in", "disk_sequential_write",
+                 "disk_sequential_read"):
+        lines.append(f"| {name.replace('_', ' ')} | {bandwidth[name] / 1e9:.2f} |")
+    if result["block_size_sweep"]:
+        lines += ["", "| block tokens | flash tok/s | DRAM tok/s | flash/DRAM | swap-outs (flash, DRAM) |",
+                  "|---|---|---|---|---|"]
+        for row in result["block_size_sweep"]:
+            lines.append(f"| {row['block_tokens']} | {row['flash_tokens_per_s']:.1f} | {row['dram_tokens_per_s']:.1f} "
+                         f"| {row['flash_vs_dram']:.3f} | {row['flash_swap_outs']}, {row['dram_swap_outs']} |")
+    allocation = result["allocation"]
+    replay = allocation["replay"]
+    lines += ["", "| allocation | sequential share of swap-outs | logical overwrites |", "|---|---|---|",
+              f"| engine, HiFC log | {allocation['engine_log']['sequential_share']:.3f} | "
+              f"{allocation['engine_log']['overwrites']} |",
+              _naive_row(allocation["engine_naive"]),
+              f"| replay of {replay['swap_outs']} swap-outs, HiFC log | {replay['FlashLog']['sequential_share']:.3f} | "
+              f"{replay['FlashLog']['overwrites']} |",
+              f"| replay, naive reuse | {replay['NaiveReuseAllocator']['sequential_share']:.3f} | "
+              f"{replay['NaiveReuseAllocator']['overwrites']} |",
+              "", f"Write amplification: {result['write_amplification']['note']}.",
+              "", f"Init with {format_size(init['bytes'])} of swap space: open the pre-generated flash file "
+              f"{init['flash_open_s'] * 1000:.1f} ms (creating it took {init['flash_create_s'] * 1000:.1f} ms) vs "
+              f"allocating the DRAM pool {init['dram_alloc_s'] * 1000:.1f} ms.", ""]
+    return "\n".join(lines)
 
+
+def _flash_io(io: dict[str, Any]) -> str:
+    """How flash bytes moved; results written before the kvikio backend only say whether O_DIRECT was on."""
+    if io.get("flash_io"):
+        return io["flash_io"]
+    return "O_DIRECT" if io["flash_direct_io"] else "buffered (no O_DIRECT here)"
+
+
+def _naive_row(naive: dict[str, Any] | None) -> str:
+    if naive is None:
+        return "| engine, naive reuse | not run (`--no-extra-runs`) | |"
+    return f"| engine, naive reuse | {naive['sequential_share']:.3f} | {naive['overwrites']} |"
+
+
+def _repeats_text(repeats: int) -> str:
+    return "One run per engine (no medians)." if repeats == 1 else f"Medians of {repeats} runs."

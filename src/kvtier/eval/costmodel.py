@@ -1,6 +1,6 @@
 """HiFC's three back-of-envelope models: memory-expansion cost, flash endurance, pipeline budget.
 
-All three are the paper's formulas (hifc.txt: "内存扩展成本计算模型", appendix "通过pSLC SSD提升总写入
+All three are the paper's formulas (the HiFC paper: "内存扩展成本计算模型", appendix "通过pSLC SSD提升总写入
 字节数", "基于流水线的交换开销感知模型"), written so that every input is a value a user can change.
 
 Where each default comes from:

@@ -27,11 +27,11 @@ from dataclasses import asdict, replace
 from multiprocessing import get_context
 from typing import Any
 
+from kvtier.eval.load_client import LevelRun, drive
 from kvtier.serve.engine import EngineConfig, LLMEngine
 from kvtier.serve.sequence import SamplingParams
 from kvtier.server.app import create_app
 from kvtier.server.backend import ServerSettings, build_backend
-from kvtier.server.load_client import LevelRun, drive
 from kvtier.server.runner import ServerThread
 
 CLIENT_LEVELS = (1, 8, 32, 64)
@@ -157,3 +157,32 @@ class BenchServer:
 
     def __exit__(self, *exc: object) -> None:
         self._thread.stop()
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """The benchmark as one table per backend plus the method in two lines."""
+    engine = result["engine"]
+    lines = [f"# HTTP server benchmark: {result['model']}", "",
+             f"`{result['command']}`", "",
+             f"Each request streams {result['new_tokens']} tokens (ignore_eos) through /v1/completions; requests "
+             f"per level {', '.join(f'{c}: {n}' for c, n in result['requests'].items())}; device pool "
+             f"{engine['device_blocks']} blocks of {engine['block_tokens']} tokens; medians of {result['repeats']} "
+             "alternating repeats, spread (min-max) in brackets. Offline: the same prompts through the engine "
+             "with max_num_seqs = clients.", ""]
+    for backend in result["backends"]:
+        lines += [f"## {backend} swap", "",
+                  "| clients | server tok/s | offline tok/s | server / offline | TTFT p50 ms | TTFT p99 ms "
+                  "| ITL p50 ms | ITL p99 ms | swap-outs |", "|---|---|---|---|---|---|---|---|---|"]
+        for cell in (c for c in result["cells"] if c["backend"] == backend):
+            lines.append(f"| {cell['clients']} | {_spread(cell, 'server_tokens_per_s')} | "
+                         f"{_spread(cell, 'offline_tokens_per_s')} | {_spread(cell, 'ratio', 3)} | "
+                         f"{_spread(cell, 'ttft_p50_s', 0, 1000)} | {_spread(cell, 'ttft_p99_s', 0, 1000)} | "
+                         f"{_spread(cell, 'itl_p50_s', 0, 1000)} | {_spread(cell, 'itl_p99_s', 0, 1000)} | "
+                         f"{cell['swap_outs']:.0f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _spread(cell: dict[str, Any], name: str, digits: int = 1, scale: float = 1.0) -> str:
+    low, high = cell[f"{name}_spread"]
+    return f"{cell[name] * scale:.{digits}f} [{low * scale:.{digits}f}-{high * scale:.{digits}f}]"

@@ -1,4 +1,5 @@
-"""Where kvtier keeps files it derives from models: assembled GGUFs, hash stamps, safetensors copies.
+"""Where kvtier keeps its per-user files: KV files, the document store, calibrations, corpus texts, and
+what it derives from models (assembled GGUFs, hash stamps, safetensors copies).
 
 The root is `$KVTIER_CACHE_DIR`, else `$XDG_CACHE_HOME/kvtier`, else `~/.cache/kvtier`.
 Nothing here creates directories; writers create what they need.

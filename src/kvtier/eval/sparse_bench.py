@@ -1,0 +1,289 @@
+"""`kvtier bench sparse`'s experiment: decode speed of `--kv sparse` side by side with `--kv offload`
+(and dense), plus selection quality; the command (kvtier.commands.bench_sparse) says what is measured.
+
+One run, same prompt, same budgets (kvtier.eval.budgets). The model runs over the prompt once
+(kvtier.eval.prefill_tape) and every mode's cache is fed the recorded K/V; modes run in alternating
+rounds and the result keeps each round's ratios. Recall of the selected set against exact top-k
+comes from one dense decode step with the attention probe (kvtier.eval.attention_mass).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from kvtier.data.corpus import load_corpus
+from kvtier.eval.attention_mass import DenseAttentionProbe
+from kvtier.eval.budgets import BudgetShares, budget_bytes, kv_bytes_per_token
+from kvtier.eval.decode_timing import measure_decode
+from kvtier.eval.prefill_tape import PrefillTape, record, recorded_tokens
+from kvtier.eval.record import machine_info
+from kvtier.eval.traffic import sparse_details
+from kvtier.kv.geometry import model_geometry
+from kvtier.kv.offload import OffloadCache
+from kvtier.modes import KVConfig, make_cache
+from kvtier.sparse.cache import SparseCache
+from kvtier.sparse.planner import load_or_calibrate
+from kvtier.sparse.recall import ESTIMATES, edge_mass, estimate, exact_mass, recall_at
+from kvtier.sparse.settings import SparseSettings
+from kvtier.threads import decoding, describe_threads, thread_settings
+from kvtier.units import format_size
+
+
+@dataclass(frozen=True)
+class SparseBench:
+    """What one run compares (the command's options of the same names)."""
+
+    context: int  # prompt tokens per sequence
+    batch: int
+    new_tokens: int  # decode steps timed per mode and round
+    repeats: int  # alternating rounds of every mode
+    alpha: float
+    score_bits: int
+    beta: str
+    host_share: float  # host budget as a share of the prompt's KV
+    policies: str  # migration policies the sparse path runs with
+    skip_offload: bool
+    skip_dense: bool
+    corpus: str
+    prefill_chunk: int
+    recalibrate: bool  # measure APP's throughputs again
+
+
+def run_sparse_benchmark(llm, bench: SparseBench, storage_dir: str, device: str, dtype: str) -> dict:
+    """Every mode of `bench` over one recorded prompt, in alternating rounds; the result record."""
+    model = llm.model
+    started = time.perf_counter()
+    ids = _prompt(llm, bench.context, bench.batch, bench.corpus).to(model.device)
+    tape = _record_prompt(model, ids, bench.prefill_chunk)
+    kv_bytes = kv_bytes_per_token(model) * bench.context * bench.batch
+    device_budget, host_budget = budget_bytes(model, bench.context, BudgetShares(host=bench.host_share), bench.batch)
+    result = {"model": llm.name, "device": device, "dtype": dtype,
+              "context": bench.context, "batch": bench.batch, "new_tokens": bench.new_tokens,
+              "alpha": bench.alpha, "score_bits": bench.score_bits, "prompt_kv_bytes": kv_bytes,
+              "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": thread_settings(),
+              "machine": machine_info(storage_dir), "modes": {},
+              "prefill": {"recorded_once": True, "record_s": time.perf_counter() - started}}
+    if bench.recalibrate:
+        geometry = model_geometry(model)
+        with decoding("sparse"):  # the rates of the threads and cores the sparse path decodes on
+            result["calibration"] = vars(load_or_calibrate(storage_dir, geometry.num_kv_heads, geometry.head_dim,
+                                                           model.dtype, bench.score_bits, "sum", refresh=True))
+    builders = _mode_builders(model, llm.model_id, tape, bench, storage_dir, device_budget, host_budget)
+    rounds = [{label: _measure(model, build(), tape, bench, label) for label, build in builders.items()}
+              for _ in range(bench.repeats)]
+    result["repeats"] = bench.repeats
+    result["modes"] = {label: _over_rounds([measured[label] for measured in rounds]) for label in builders}
+    result["round_ratios"] = _round_ratios(rounds)
+    result["recall"] = selection_recall(model, tape.rows(slice(0, 1)), bench.alpha)
+    return result
+
+
+def _mode_builders(model, model_id: str, tape: PrefillTape, bench: SparseBench, storage_dir: str,
+                   device_budget: int, host_budget: int) -> dict:
+    """label -> a function making that mode's fresh cache, in the order a round runs them."""
+    max_tokens = tape.ids.shape[1] + bench.new_tokens + 1
+    builders = {}
+    if not bench.skip_dense:  # what removing all KV I/O gains over offload on this machine
+        builders["dense"] = lambda: make_cache(model, KVConfig(), max_tokens, bench.batch)
+    if not bench.skip_offload:
+        offload = KVConfig(kv="offload", device_kv_budget=device_budget, host_kv_budget=host_budget,
+                           storage_dir=storage_dir)
+        builders["offload"] = lambda: make_cache(model, offload, max_tokens, bench.batch, model_id)
+    for policy in bench.policies.split(","):
+        sparse = KVConfig(kv="sparse", device_kv_budget=device_budget, host_kv_budget=host_budget,
+                          storage_dir=storage_dir, alpha=bench.alpha, score_bits=bench.score_bits, beta=bench.beta,
+                          policy=policy)
+        builders[f"sparse-{policy}"] = lambda sparse=sparse: make_cache(model, sparse, max_tokens, bench.batch,
+                                                                        model_id)
+    return builders
+
+
+def _over_rounds(rows: list[dict]) -> dict:
+    """One mode's rounds as one row: the round with the median step time, plus every round's median."""
+    medians = [row["median_step_ms"] for row in rows]
+    middle = rows[sorted(range(len(rows)), key=medians.__getitem__)[len(rows) // 2]]
+    return middle | {"round_median_step_ms": medians, "median_step_ms": float(np.median(medians))}
+
+
+def _round_ratios(rounds: list[dict]) -> dict[str, list[float]]:
+    """Per round, offload's median step time over each other mode's (speed relative to offload)."""
+    ratios: dict[str, list[float]] = {}
+    for measured in rounds:
+        if "offload" not in measured:
+            continue
+        for label, row in measured.items():
+            if label != "offload":
+                ratios.setdefault(label, []).append(measured["offload"]["median_step_ms"] / row["median_step_ms"])
+    return ratios
+
+
+def _prompt(llm, tokens: int, batch: int, corpus: str) -> torch.Tensor:
+    """`batch` different stretches of the corpus, `tokens` tokens each."""
+    text = load_corpus(corpus, min_chars=tokens * 6 * batch, progress=False).text
+    all_ids = llm.tokenizer(text)["input_ids"]
+    if len(all_ids) < tokens * batch:
+        all_ids = all_ids * math.ceil(tokens * batch / len(all_ids))
+    return torch.tensor([all_ids[i * tokens : (i + 1) * tokens] for i in range(batch)], dtype=torch.long)
+
+
+def _record_prompt(model, ids: torch.Tensor, chunk: int) -> PrefillTape:
+    """The one real prefill of the run, with a progress bar (it is most of a long-context run's time)."""
+    passes = ids.shape[0] * recorded_tokens(ids.shape[1], chunk) // chunk
+    with tqdm(total=passes, desc="prefill (once, every row)", unit="pass", file=sys.stderr, leave=False) as bar:
+        return record(model, ids, chunk, bar.update)
+
+
+def _measure(model, cache, tape: PrefillTape, bench: SparseBench, label: str) -> dict:
+    """Prefill from the tape, one untimed step (the sparse cache places its tiers), then `new_tokens` timed steps."""
+    try:
+        measured = measure_decode(model, cache, tape.ids, bench.new_tokens, bench.prefill_chunk, label=label,
+                                  decode_mode=label, tape=tape)
+        measured.pop("token_ids")
+        if isinstance(cache, SparseCache):
+            measured |= _sparse_details(cache)
+        elif isinstance(cache, OffloadCache):
+            measured["direct"] = cache.store.file.direct
+        return measured
+    finally:
+        cache.close()
+
+
+def _sparse_details(cache: SparseCache) -> dict:
+    """The sparse step summary the latency suite records too (kvtier.eval.traffic), plus the scorer's health."""
+    runtime = cache.runtime
+    return sparse_details(cache) | {
+        "direct": runtime.cold.kv.direct,
+        "io_backend": runtime.io.backend,  # how the cold reads reach the disk: kernel AIO or the thread pool
+        "scorer_round_trip_us": runtime.scorer.round_trip_s(repeats=200) * 1e6,
+        "scorer_host_fallbacks": runtime.scorer.host_scored_requests,
+    }
+
+
+def _prefill_text(result: dict) -> str:
+    """How the prompt went in (results from 2026-11-30 on record it; before, every mode ran its own prefill)."""
+    recorded = result.get("prefill")
+    if not recorded:
+        return ""
+    return (f"; the model prefilled the prompt once ({recorded['record_s'] / 60:.1f} min) and each mode's cache was "
+            "fed its K/V, the last chunk running through the model in each mode (kvtier.eval.prefill_tape)")
+
+
+def _speedup_text(result: dict, mode: str, row: dict, offload: dict) -> str:
+    """Speed relative to offload (per round where recorded), and the share of the step that scoring, fetch and
+    migration take."""
+    ratios = result.get("round_ratios", {}).get(mode)
+    if ratios:
+        text = (f"{float(np.median(ratios)):.2f}x the decode speed of offload (median of {len(ratios)} rounds, "
+                f"{min(ratios):.2f}-{max(ratios):.2f})")
+    else:
+        text = f"{offload['median_step_ms'] / row['median_step_ms']:.2f}x the decode speed of offload (medians)"
+    dense = result["modes"].get("dense")
+    if dense:
+        text += f", {row['median_step_ms'] / dense['median_step_ms']:.2f}x dense's step time"
+    parts = row.get("breakdown_ms", {})
+    total = sum(parts.values())
+    if total:
+        overhead = parts.get("score", 0.0) + parts.get("fetch", 0.0) + parts.get("migrate", 0.0)
+        text += f"; score + fetch + migrate {overhead / total:.0%} of the step"
+    return text
+
+
+def _rates_text(row: dict) -> str:
+    """APP's planned selection rates of the two pools next to the measured ones (results from 2026-11-30 on)."""
+    planned = row.get("planned_selection_rates")
+    if not planned:
+        return ""
+    return (f"; selection rate hot / cold planned {planned['hot']:.3f} / {planned['cold']:.3f}, measured "
+            f"{row['hot_selection_rate']:.3f} / {row['cold_selection_rate']:.3f}")
+
+
+def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
+    """Recall of each importance estimate vs exact top-k, averaged over the layers of one decode step
+    after the (batch-1) prompt of `tape`."""
+    with DenseAttentionProbe(model) as probe, torch.inference_mode():  # registers the mask function too:
+        cache = make_cache(model, KVConfig(), tape.ids.shape[1] + 1)  # chunked prefill needs the causal mask
+        logits = tape.prefill(model, cache)
+        with probe.capturing():
+            model(input_ids=logits.argmax(-1, keepdim=True), cache=cache)
+    captured = {layer: (query[0, :, 0].float().cpu(), keys[0].float().cpu(), scaling)
+                for layer, (query, keys, scaling) in probe.captured.items()}
+    table: dict[str, list[tuple[float, float]]] = {}
+    for query, keys, scaling in captured.values():
+        mass = exact_mass(query, keys, scaling)
+        k = math.ceil(alpha * len(mass))
+        for aggregation, bits in ESTIMATES:
+            name = f"{aggregation}-{'fp' if bits is None else f'int{bits}'}"
+            table.setdefault(name, []).append(recall_at(mass, estimate(query, keys, aggregation, bits), k))
+    recall = {name: {"recall": float(np.mean([r for r, _ in rows])), "mass_recall": float(np.mean([m for _, m in rows]))}
+              for name, rows in table.items()}
+    return recall | {"edge_mass": _edge_mass([exact_mass(q, k, s) for q, k, s in captured.values()])}
+
+
+def _edge_mass(masses: list[np.ndarray]) -> dict[str, float]:
+    """Mean share of attention mass on the first (sink) and last (recent) tokens, per window size."""
+    sizes = {"sink": (1, 4, 16, 64), "recent": (16, 64, 256, 1024)}
+    shares = {f"sink={n}": float(np.mean([edge_mass(m, n, 0) for m in masses])) for n in sizes["sink"]}
+    return shares | {f"recent={n}": float(np.mean([edge_mass(m, 0, n) for m in masses])) for n in sizes["recent"]}
+
+
+def write_results(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"sparse-{result['model']}-{result['context']}-b{result['batch']}"  # names may hold dots: qwen2.5-0.5b
+    if result.get("device", "cpu") != "cpu":
+        stem += f"-{result['device'].replace(':', '')}"
+    if result["score_bits"] != SparseSettings.score_bits:  # an INT4 run sits beside the default's, not over it
+        stem += f"-int{result['score_bits']}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}.md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"wrote {out / stem}.json and {out / stem}.md")
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# sparse vs offload: {result['model']}, {result['context']} tokens x {result['batch']}",
+             "", f"alpha {result['alpha']}, INT{result['score_bits']} sketches, host budget "
+             f"{format_size(result['host_budget_bytes'])} of {format_size(result['prompt_kv_bytes'])} prompt KV, "
+             f"{result['new_tokens']} timed decode steps per mode and round, {result.get('repeats', 1)} alternating "
+             f"round(s) (median of the rounds' medians; mean of the median round), torch threads: "
+             f"{describe_threads(result['torch_threads'])}{_prefill_text(result)}", "",
+             "| mode | median ms/step | mean ms/step | disk read/step | O_DIRECT | cold sel. rate | pages/step | "
+             "ping-pong rate | score / fetch / attention / migrate / rest ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for mode, row in result["modes"].items():
+        parts = row.get("breakdown_ms")
+        breakdown = " / ".join(f"{value:.1f}" for value in parts.values()) if parts else "-"
+        lines.append(f"| {mode} | {row['median_step_ms']:.1f} | {row['ms_per_token']:.1f} | "
+                     f"{format_size(int(row['disk_read_bytes_per_step']))} | "
+                     f"{row.get('direct', '-')} | {row.get('cold_selection_rate', float('nan')):.3f} | "
+                     f"{row.get('cold_pages_read_per_step', float('nan')):.0f} | {row.get('ping_pong_rate', float('nan')):.3f} | "
+                     f"{breakdown} |")
+    offload, dense = result["modes"].get("offload"), result["modes"].get("dense")
+    if offload and dense:
+        lines.append(f"\ndense (every token in memory, full attention) decodes at "
+                     f"{offload['median_step_ms'] / dense['median_step_ms']:.2f}x offload's speed: what removing all KV "
+                     "I/O gains on this machine (a sparse mode adds only what attending fewer tokens saves)")
+    for mode, row in result["modes"].items():
+        if offload and mode.startswith("sparse"):
+            lines.append(f"\n{mode}: {_speedup_text(result, mode, row, offload)}, "
+                         f"{row['disk_read_bytes_per_step'] / max(offload['disk_read_bytes_per_step'], 1):.1%} of its "
+                         f"disk bytes per step; scorer round trip {row['scorer_round_trip_us']:.0f} us; "
+                         f"APP predicted T_CPU {row['predicted_ms']['T_CPU']:.1f} ms / T_storage "
+                         f"{row['predicted_ms']['T_storage']:.1f} ms, measured {row['measured_ms']['T_CPU']:.1f} / "
+                         f"{row['measured_ms']['T_storage']:.1f} ms (beta {row['beta']}){_rates_text(row)}")
+    lines += ["", "| estimate (aggregation-precision) | recall vs exact top-k | attention-mass recall |", "|---|---|---|"]
+    estimates = {name: row for name, row in result["recall"].items() if name != "edge_mass"}
+    lines += [f"| {name} | {row['recall']:.3f} | {row['mass_recall']:.3f} |" for name, row in estimates.items()]
+    edges = result["recall"].get("edge_mass")
+    if edges:
+        lines += ["", "attention mass on always-kept tokens (mean over layers): " +
+                  ", ".join(f"{window} {share:.1%}" for window, share in edges.items())]
+    return "\n".join(lines) + "\n"

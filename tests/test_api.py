@@ -1,0 +1,25 @@
+"""kvtier.make_cache: caches for a model the user loaded with transformers, closed by a `with` block."""
+
+import torch
+
+import kvtier
+import tiny_models
+from kvtier.kv.contract import KVCache
+
+
+def test_make_cache_takes_a_transformers_model_and_closes_its_files_as_a_context_manager(tmp_path):
+    model = tiny_models.tiny_llama(num_hidden_layers=2)  # a plain transformers LlamaForCausalLM
+    config = kvtier.KVConfig(kv="offload", device_kv_budget="16KiB", host_kv_budget=0, storage_dir=str(tmp_path),
+                             block_tokens=16)
+    ids = torch.randint(0, model.config.vocab_size, (1, 80))
+    with kvtier.make_cache(model, config, max_tokens=96) as cache, torch.inference_mode():
+        assert isinstance(cache, KVCache)
+        model.generate(ids, max_new_tokens=4, do_sample=False, cache=cache)
+        assert cache.io_stats().bytes_written > 0 and list(tmp_path.iterdir())
+    assert not list(tmp_path.iterdir())  # leaving the block deleted the KV file
+
+
+def test_make_cache_sizes_a_transformers_model_by_its_context_length(tmp_path):
+    model = tiny_models.tiny_llama(num_hidden_layers=2)
+    with kvtier.make_cache(model, kvtier.KVConfig(kv="offload", storage_dir=str(tmp_path), block_tokens=16)) as cache:
+        assert cache.layers[0].get_max_length() >= model.config.max_position_embeddings
