@@ -3,7 +3,12 @@ from contextlib import contextmanager
 import numpy as np
 
 from kvtier.sparse.record_file import RecordFile, RecordLayout
-from kvtier.storage import PAGE, IOEngine, aligned_buffer
+from kvtier.storage import PAGE, IOEngine
+
+
+def _read(file, layer, seq, slots):
+    """Records at `slots` of one region and the pages read."""
+    return file.read_many(layer, [(seq, np.asarray(slots))])[0]
 
 
 def _records(count, size, seed):
@@ -37,10 +42,10 @@ def test_scattered_writes_keep_their_neighbours(tmp_path):
         file.write_records(1, 1, [50, 13, 14, 99], patch)  # 13 and 14 straddle a page boundary
         expected = base.copy()
         expected[[50, 13, 14, 99]] = patch
-        got, pages = file.read_records(1, 1, np.arange(100))
+        got, pages = _read(file, 1, 1, np.arange(100))
         np.testing.assert_array_equal(got, expected)
         assert pages == layout.prefix_bytes(100) // PAGE
-        other, _ = file.read_records(0, 1, np.array([5]))
+        other, _ = _read(file, 0, 1, np.array([5]))
         assert not other.any()  # another region was never touched
     assert not list(tmp_path.iterdir())
 
@@ -59,24 +64,21 @@ def test_writes_of_records_sharing_pages_keep_every_record(tmp_path):
                 patch = _records(len(slots), 300, trial + 1)
                 file.write_records(0, 0, slots, patch)
                 expected[slots] = patch
-                got, _ = file.read_records(0, 0, np.arange(200))  # every page's checksum verified
+                got, _ = _read(file, 0, 0, np.arange(200))  # every page's checksum verified
                 np.testing.assert_array_equal(got, expected)
         finally:
             file.remove()
 
 
-def test_read_records_returns_the_order_asked_and_counts_pages(tmp_path):
+def test_reads_return_the_order_asked_and_count_pages(tmp_path):
     layout = RecordLayout(record_bytes=1536, layers=1, batch=1, slots=64)
     with _open_pool(tmp_path, layout) as file:
         data = _records(64, 1536, 2)
         file.write_records(0, 0, np.arange(64), data)
-        got, pages = file.read_records(0, 0, np.array([40, 2, 3]))
+        got, pages = _read(file, 0, 0, np.array([40, 2, 3]))
         np.testing.assert_array_equal(got, data[[40, 2, 3]])
         # slot 40 lies in page 15; slot 2 (bytes 3072-4607) spans pages 0-1, slot 3 lies in page 1
         assert pages == 3
-        prefix = aligned_buffer(layout.prefix_bytes(10))
-        file.read_prefix(0, 0, 10, prefix)
-        np.testing.assert_array_equal(prefix[: 10 * 1536].reshape(10, 1536), data[:10])
 
 
 def test_scattered_fetch_reads_a_lone_gap_page_once(tmp_path):
@@ -85,7 +87,7 @@ def test_scattered_fetch_reads_a_lone_gap_page_once(tmp_path):
         data = _records(16, 4096, 3)
         file.write_records(0, 0, np.arange(16), data)
         before = file.io.stats.snapshot()
-        got, pages = file.read_records(0, 0, np.array([9, 0, 2, 12]))
+        got, pages = _read(file, 0, 0, np.array([9, 0, 2, 12]))
         np.testing.assert_array_equal(got, data[[9, 0, 2, 12]])
         moved = file.io.stats.minus(before)
         # pages 0-2 in one read (page 1 bridged), 9 and 12 alone (their gaps are two pages)

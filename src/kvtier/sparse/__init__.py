@@ -12,7 +12,8 @@ Per decode step and layer (overlapped, not in sequence):
     host: global top-alpha -> cold reads of the chosen cold tokens queued (kernel AIO) -> while the
           disk works: hit table, migration plan, softmax over the window + chosen hot tokens in place
           (their logits are the dots above) -> cold tokens' part merged in when their pages land
-          (checked per page) -> bounded promotions.
+          (checked per page) -> bounded promotions and window retirement, whose disk writes run on a
+          background thread while the next layers compute.
 
 Files (one concept each):
     settings.py        SparseSettings: every knob, validated
@@ -25,11 +26,13 @@ Files (one concept each):
                        detection, host fallback, restart
     hot_pool.py        HotPool (torch, host DRAM)
     cold_pool.py       ColdPool: host bookkeeping and I/O of the cold files, crc32c per page
+    background_writes.py  the moves' cold writes off the critical path; a layer settles its own before reading
     hit_table.py       HKM hit table, 2 bytes per token (hits with decay, idle steps)
     migration.py       BKP policies (hit table vs naive instantaneous scores), ping-pong meter
     placement.py       SnapKV-style observation-window importance for the initial hot/cold split
     planner.py         APP: latency model, beta by eq. (4) with skew correction, calibration cache
-    layer.py           SparseLayer: the per-layer tiers, placement, the overlapped decode step, migration
+    layer.py           SparseLayer (on kv.windowed's skeleton): hot/cold placement, the overlapped decode step,
+                       migration
     selection.py       the step's picks, attention segments (hot in place / gathered, cold fetched), partial softmax
     attention.py       the attention function hand-off (registered as `kvtier_sparse_<inner>`)
     runtime.py         SparseRuntime: what the layers share (pools' files, scorer client, policy, plan, stats)

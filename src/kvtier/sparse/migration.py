@@ -111,8 +111,3 @@ class PingPongMeter:
                 self.ping_pongs += 1
             self._last[key] = (step, direction)
             self.moves += 1
-
-    @property
-    def rate(self) -> float:
-        """Fraction of moves that undid a move of the same token within the window."""
-        return self.ping_pongs / self.moves if self.moves else 0.0

@@ -96,18 +96,9 @@ class RecordFile:
 
     # ----- reading -----
 
-    def read_prefix(self, layer: int, seq: int, count: int, out: np.ndarray) -> None:
-        """Fill `out` (aligned, >= prefix_bytes(count)) with the pages holding records 0..count-1."""
-        nbytes = self.layout.prefix_bytes(count)
-        if nbytes:
-            self.io.read_runs(self._fd, [(self.layout.region_offset(layer, seq), [memoryview(out[:nbytes])])])
-
-    def read_records(self, layer: int, seq: int, slots: np.ndarray) -> tuple[np.ndarray, int]:
-        """Records at `slots` (uint8 [len(slots), record_bytes], in the order given) and the pages read."""
-        return self.read_many(layer, [(seq, slots)])[0]
-
     def read_many(self, layer: int, requests: Sequence[tuple[int, np.ndarray]]) -> list[tuple[np.ndarray, int]]:
-        """`read_records` for several (seq, slots) of one layer, with every run of every request in flight at once.
+        """Records at `slots` of each (seq, slots) of one layer (uint8 [len(slots), record_bytes], in the order given)
+        and the pages read, with every run of every request in flight at once.
 
         One parallel read instead of one per sequence: a batch's fetch waits for the disk once per layer.
         """
@@ -153,7 +144,6 @@ class RecordFile:
 
     def write_records(self, layer: int, seq: int, slots: Sequence[int] | np.ndarray, records: np.ndarray) -> None:
         """Write records (uint8 [n, record_bytes]) at `slots` of (layer, seq); other records are preserved."""
-        rec = self.layout.record_bytes
         slots = np.asarray(slots, dtype=np.int64)
         if not slots.size:
             return

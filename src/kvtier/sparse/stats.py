@@ -1,4 +1,4 @@
-"""What each sparse decode step cost, broken down the way the issue asks (scoring, fetch, attention, rest).
+"""What each sparse decode step cost, broken down: scoring, fetch, attention, migration, the rest of the model.
 
 Layers add their measurements to the current step; the cache opens a new step
 when the first tiered layer sees a new token. `rest` (the model's own work:
