@@ -61,3 +61,14 @@ def test_a_layer_rewritten_after_preparing_is_read_again(scorer):
     assert _read_bytes(channel) > read
     np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"],
                                   score(quantize(changed, FMT), channel.query[0], FMT, "sum"))
+
+
+def test_preparing_a_layer_that_is_still_prepared_reads_nothing(scorer):
+    sketch_scorer, channel, _, _ = scorer
+    sketch_scorer.prepare(1)
+    read = _read_bytes(channel)
+    sketch_scorer.prepare(1)
+    assert _read_bytes(channel) == read
+    channel.versions[1] += 1  # rewritten: prepared again
+    sketch_scorer.prepare(1)
+    assert _read_bytes(channel) > read

@@ -70,9 +70,12 @@ class SketchScorer:
                           for _ in range(layout.batch)]  # dequantized keys, reused layer after layer
 
     def prepare(self, layer: int) -> None:
-        """Read and dequantize `layer`'s sketches now, ahead of its query."""
+        """Read and dequantize `layer`'s sketches now, ahead of its query (nothing to do if they still are)."""
         version = int(self.channel.versions[layer])  # before the count and the data: a rewrite since shows
         count = int(self.channel.cold_used[layer])
+        prepared = self._prepared
+        if prepared is not None and (prepared.layer, prepared.version, prepared.count) == (layer, version, count):
+            return
         self._prepared = PreparedLayer(layer, version, count, self._load(layer, count, version))
 
     def score_layer(self, layer: int, resume: bool = False) -> None:
