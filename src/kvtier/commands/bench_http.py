@@ -16,12 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from kvtier.commands.bench_options import check_writable
+from kvtier.commands.bench_options import add_flash_dir_option, check_writable, flash_dir_from
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import ConfigError
 from kvtier.models.loader import load_model
 from kvtier.eval.http_bench import CLIENT_LEVELS, render_markdown, requests_for, run_http_benchmark
-from kvtier.paths import cache_dir
 from kvtier.serve.engine import EngineConfig
 
 
@@ -41,8 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--device-blocks", type=int, default=48,
                         help="device pool blocks, small enough to swap at the higher levels (default %(default)s)")
     parser.add_argument("--swap-space", default="256MiB", help="flash file / DRAM pool size (default %(default)s)")
-    parser.add_argument("--flash-dir", type=Path, default=None,
-                        help="directory for the flash cache files (default: <user cache>/kvtier/kv)")
+    add_flash_dir_option(parser)
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
     parser.set_defaults(run=run)
     return parser
@@ -62,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if not levels or min(levels) < 1 or min(args.new_tokens, args.repeats, args.requests_per_client) < 1:
         raise ConfigError("--clients, --new-tokens, --repeats and --requests-per-client must be positive")
     check_writable(args.out)
-    flash_dir = args.flash_dir or cache_dir() / "kv"
-    flash_dir.mkdir(parents=True, exist_ok=True)
+    flash_dir = flash_dir_from(args)
     config = EngineConfig(block_tokens=args.block_tokens, device_blocks=args.device_blocks,
                           swap_space=args.swap_space, flash_path=str(flash_dir / "bench-http.kvc"),
                           max_num_seqs=max(levels)).validated()

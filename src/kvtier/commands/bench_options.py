@@ -15,6 +15,7 @@ from kvtier.errors import StorageError
 from kvtier.eval.budgets import BudgetShares
 from kvtier.modes import default_storage_dir
 from kvtier.models.loader import LOAD_FORMATS
+from kvtier.paths import cache_dir
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +34,22 @@ def add_device_options(parser: argparse.ArgumentParser, what_lives_there: str) -
     parser.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                         help="auto: the model's weights; dummy: random weights in its architecture (throughput "
                              "only, outputs meaningless; for machines without the weights) (default %(default)s)")
+
+
+def add_flash_dir_option(parser: argparse.ArgumentParser) -> None:
+    """`--flash-dir` (the serving benchmarks' flash cache files)."""
+    parser.add_argument("--flash-dir", type=Path, default=None,
+                        help="directory for the flash cache files (default: <user cache>/kvtier/kv)")
+
+
+def flash_dir_from(args: argparse.Namespace) -> Path:
+    """`--flash-dir` (or its default), created if missing; a one-line error when it cannot be a directory."""
+    flash_dir = args.flash_dir or cache_dir() / "kv"
+    try:
+        flash_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StorageError(f"flash directory {flash_dir}: {error.strerror}; pass another --flash-dir") from error
+    return flash_dir
 
 
 def check_writable(out: Path) -> None:

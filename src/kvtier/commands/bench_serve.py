@@ -23,13 +23,11 @@ import json
 import sys
 from pathlib import Path
 
-from kvtier.commands.bench_options import add_device_options
+from kvtier.commands.bench_options import add_device_options, add_flash_dir_option, flash_dir_from
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
-from kvtier.errors import StorageError
 from kvtier.eval.serve_bench import SWEEP_BLOCKS, render_markdown, run_serve_benchmark
 from kvtier.eval.workload import Workload
 from kvtier.models.loader import load_model
-from kvtier.paths import cache_dir
 from kvtier.units import parse_size
 
 DEFAULT_SCALE = 1 / 32
@@ -51,18 +49,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="skip the naive-allocator and recompute engine runs (flash vs DRAM only)")
     parser.add_argument("--io-threads", type=int, default=16, help="swap I/O threads (default %(default)s)")
     parser.add_argument("--init-size", default="1GiB", help="flash file / DRAM pool size for the init test")
-    parser.add_argument("--flash-dir", type=Path, default=None,
-                        help="directory for the flash cache files (default: <user cache>/kvtier/kv)")
+    add_flash_dir_option(parser)
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
     parser.set_defaults(run=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    flash_dir = args.flash_dir or cache_dir() / "kv"
-    flash_dir.mkdir(parents=True, exist_ok=True)
-    if not flash_dir.is_dir():
-        raise StorageError(f"flash directory {flash_dir} is not a directory; pass another --flash-dir")
+    flash_dir = flash_dir_from(args)
     sweep = tuple(int(value) for value in args.sweep.split(",") if value.strip())
     workload = Workload().scaled(args.scale)
     llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)

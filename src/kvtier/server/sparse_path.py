@@ -26,7 +26,7 @@ import torch
 
 from kvtier.errors import KvtierError
 from kvtier.generation import GenerationCancelled, GenerationResult, generate
-from kvtier.kv.contract import tier_bytes
+from kvtier.kv.contract import TIERS, tier_bytes
 from kvtier.modes import KVConfig
 from kvtier.serve.sampler import Sampler
 from kvtier.serve.sequence import SamplingParams
@@ -35,7 +35,6 @@ from kvtier.store.store import DocumentStore
 
 log = logging.getLogger(__name__)
 HEAD_TOKENS = 256
-TIERS = ("device", "host", "storage")
 
 
 @dataclass

@@ -42,10 +42,6 @@ class BackgroundWrites:
         for future in self._pending.pop(layer, ()):
             future.result()
 
-    def settle_all(self) -> None:
-        for layer in list(self._pending):
-            self.settle(layer)
-
     def close(self) -> None:
         """Finish the queued writes (their failures no longer matter: the files are about to go)."""
         self._pool.shutdown(wait=True)

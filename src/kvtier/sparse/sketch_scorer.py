@@ -46,6 +46,10 @@ class PreparedLayer:
     count: int
     keys: list[np.ndarray]  # float32 [count, heads, head_dim] per sequence
 
+    def current(self, layer: int, version: int, count: int) -> bool:
+        """Whether these are `layer`'s sketches as the host last published them."""
+        return (self.layer, self.version, self.count) == (layer, version, count)
+
 
 class SketchScorer:
     """Reads sketches through `fd` and writes `<position, score>` blocks into `channel.results`."""
@@ -73,8 +77,7 @@ class SketchScorer:
         """Read and dequantize `layer`'s sketches now, ahead of its query (nothing to do if they still are)."""
         version = int(self.channel.versions[layer])  # before the count and the data: a rewrite since shows
         count = int(self.channel.cold_used[layer])
-        prepared = self._prepared
-        if prepared is not None and (prepared.layer, prepared.version, prepared.count) == (layer, version, count):
+        if self._prepared is not None and self._prepared.current(layer, version, count):
             return
         self._prepared = PreparedLayer(layer, version, count, self._load(layer, count, version))
 
@@ -92,7 +95,7 @@ class SketchScorer:
     def _keys(self, layer: int, count: int, seqs: list[int]) -> dict[int, np.ndarray]:
         """Dequantized keys of `seqs`: the prepared layer if it is still current, else read now."""
         prepared, version = self._prepared, int(self.channel.versions[layer])
-        if prepared is not None and (prepared.layer, prepared.count, prepared.version) == (layer, count, version):
+        if prepared is not None and prepared.current(layer, version, count):
             return {seq: prepared.keys[seq] for seq in seqs}
         self._prepared = None  # its buffers are about to be overwritten
         return dict(zip(seqs, self._load(layer, count, version, seqs)))
