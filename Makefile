@@ -1,16 +1,17 @@
 # Two entry points, both idempotent: `make run` and `make test`.
-# Everything lives in .venv; a stamp keyed on pyproject.toml skips reinstalling.
+# Everything lives in .venv; a stamp keyed on pyproject.toml, setup.py and the C source skips reinstalling.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+BUILD  := pyproject.toml setup.py src/kvtier/storage/crc32c_units.c
+STAMP  := $(VENV)/.installed-$(shell cat $(BUILD) | cksum | cut -d' ' -f1)
 DEFAULT_MODEL := smollm2-135m
 
 .PHONY: install vllm model run test clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): $(BUILD)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU wheel of torch 2.13.0 is on these machines; a bare `torch`

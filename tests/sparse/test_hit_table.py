@@ -1,6 +1,8 @@
 import numpy as np
 
-from kvtier.sparse.hit_table import HitTable
+from kvtier.sparse.hit_table import OLDEST, HitTable
+
+EVERY = slice(None)
 
 
 def test_two_bytes_per_token():
@@ -9,26 +11,38 @@ def test_two_bytes_per_token():
 
 def test_record_counts_hits_and_idle_steps_with_decay():
     table = HitTable(batch=1, capacity=8, decay_every=4)
-    table.record(np.array([[1, 2]]), tokens=6)
-    table.record(np.array([[2, 3]]), tokens=6)
+    table.record(np.array([[1, 2]]))
+    table.record(np.array([[2, 3]]))
     assert table.hits[0, :6].tolist() == [0, 1, 2, 1, 0, 0]
-    assert table.idle[0, :6].tolist() == [2, 1, 0, 0, 2, 2]
-    assert table.idle[0, 6:].tolist() == [0, 0]  # positions beyond the context are untouched
-    table.record(np.array([[2, 3]]), tokens=6)
-    table.record(np.array([[2, 3]]), tokens=6)  # 4th step: hits halve
+    assert table.idle(0, np.arange(6)).tolist() == [2, 1, 0, 0, 2, 2]
+    table.record(np.array([[2, 3]]))
+    table.record(np.array([[2, 3]]))  # 4th step: hits halve
     assert table.hits[0, :4].tolist() == [0, 0, 2, 1]
 
 
-def test_counters_saturate():
+def test_a_step_writes_only_the_selected_tokens():
+    table = HitTable(batch=1, capacity=1000)
+    before = table.stamp.copy()
+    table.record(np.array([[5, 700]]))
+    assert np.flatnonzero(table.stamp[0] != before[0]).tolist() == [5, 700]
+
+
+def test_hits_saturate_and_idle_saturates_without_wrapping():
     table = HitTable(batch=1, capacity=2, decay_every=10_000)
-    for _ in range(300):
-        table.record(np.array([[0]]), tokens=2)
-    assert (table.hits[0, 0], table.idle[0, 1]) == (255, 255)
+    idle = []
+    for _ in range(1000):
+        table.record(np.array([[0]]))
+        idle.append(int(table.idle(0, np.array([1]))[0]))
+    assert table.hits[0, 0] == 255
+    assert idle[:OLDEST] == list(range(1, OLDEST + 1))  # exact while young
+    assert min(idle[OLDEST:]) >= OLDEST  # then saturated, never back to small counts
+    assert table.idle(0, np.array([0]))[0] == 0
 
 
 def test_seed_sets_hits_and_resets_idle():
     table = HitTable(batch=2, capacity=5)
-    table.record(np.array([[0], [0]]), tokens=5)
+    table.record(np.array([[0], [0]]))
     table.seed(np.array([[3, 4], [1, 2]]), np.array([[1, 0], [2, 2]]))
     assert table.hits.tolist() == [[1, 0, 0, 1, 0], [1, 2, 2, 0, 0]]
-    assert table.idle[:, 1:].tolist() == [[1, 1, 0, 0], [0, 0, 1, 1]]
+    assert table.idle(EVERY, EVERY)[:, 1:].tolist() == [[1, 1, 0, 0], [0, 0, 1, 1]]
+    assert table.idle_rows(np.array([[4, 1], [2, 3]])).tolist() == [[0, 1], [0, 1]]

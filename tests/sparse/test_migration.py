@@ -6,8 +6,15 @@ from kvtier.sparse.migration import HitPolicy, NaivePolicy, PingPongMeter, make_
 
 def _table(hits, idle):
     table = HitTable(batch=1, capacity=len(hits))
-    table.hits[0], table.idle[0] = hits, idle
+    _set_idle(table, [idle])
+    table.hits[0] = hits
     return table
+
+
+def _set_idle(table, idle):
+    """Stamps that make table.idle equal `idle` [batch, capacity] (a table that has run 100 steps)."""
+    table.steps = 100
+    table.stamp[:] = (table.steps - np.array(idle)) % 256
 
 
 def test_hit_policy_promotes_repeat_hits_over_idle_victims():
@@ -44,7 +51,7 @@ def test_naive_policy_follows_this_steps_scores():
 def test_overflow_victims_are_the_coldest_per_sequence():
     table = HitTable(batch=2, capacity=4)
     table.hits[:] = [[2, 0, 1, 0], [0, 0, 0, 0]]
-    table.idle[:] = [[0, 5, 0, 9], [1, 7, 3, 2]]
+    _set_idle(table, [[0, 5, 0, 9], [1, 7, 3, 2]])
     victims = HitPolicy().overflow_victims(table, np.array([[0, 1, 2, 3], [0, 1, 2, 3]]), 2)
     assert victims.tolist() == [[1, 3], [1, 2]]
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from kvtier.storage.checksum import ENTRY, ChecksumTable, checksum
+from kvtier.storage.checksum import ENTRY, ChecksumTable, PageChecksums, checksum
 from kvtier.storage.geometry import PAGE
 
 
@@ -41,3 +41,15 @@ def test_table_pages_are_aligned():
     assert view.ctypes.data % PAGE == 0 and view.nbytes == 2 * PAGE
     with pytest.raises(IndexError):
         table.stored_crc(2000 * 100)
+
+
+def test_page_checksums_name_the_first_bad_or_unwritten_page():
+    data = np.random.default_rng(0).integers(0, 256, 4 * PAGE, dtype=np.uint8)
+    pages = PageChecksums(10)
+    pages.record(2, PageChecksums.of(data[: 3 * PAGE]))  # pages 2, 3, 4 written
+    assert pages.mismatch_at(np.array([2, 3, 4]), data[: 3 * PAGE]) is None
+    assert pages.mismatch_at(np.array([2, 5]), data[: 2 * PAGE]) == "data page 5 was never written"
+    assert pages.mismatch_at(np.array([2, 5]), data[: 2 * PAGE], unwritten_ok=True) is None
+    damaged = data[: 3 * PAGE].copy()
+    damaged[PAGE + 9] ^= 1
+    assert pages.mismatch_at(np.array([2, 3, 4]), damaged).startswith("checksum mismatch in data page 3 (stored 0x")

@@ -1,7 +1,7 @@
 import numpy as np
 
 from kvtier.storage.geometry import PAGE
-from kvtier.storage.pages import bridge_gaps, pages_holding
+from kvtier.storage.pages import bridge_gaps, pages_holding, ranges
 
 
 def test_bridge_gaps_fills_only_short_gaps():
@@ -23,3 +23,16 @@ def test_records_larger_than_a_page_cover_every_page_in_between():
 
 def test_no_records_no_pages():
     assert pages_holding(np.empty(0, dtype=np.int64), 768).size == 0
+
+
+def test_ranges_concatenates_runs():
+    np.testing.assert_array_equal(ranges(np.array([5, 0, 20]), np.array([2, 3, 1])), [5, 6, 0, 1, 2, 20])
+
+
+def test_many_scattered_records_give_the_pages_a_per_record_loop_gives():
+    slots = np.random.default_rng(1).choice(20_000, 900, replace=False)
+    for record_bytes in (1536, 6000):
+        expected = set()
+        for slot in slots.tolist():
+            expected.update(range(slot * record_bytes // PAGE, ((slot + 1) * record_bytes - 1) // PAGE + 1))
+        np.testing.assert_array_equal(pages_holding(slots, record_bytes, max_gap=0), sorted(expected))

@@ -15,7 +15,7 @@ scorer therefore never sees a slot whose bytes are not on disk. Writes after
 placement (`append_later`, `replace_later`) run on a background thread
 (background_writes.py); `settle(layer)` waits for a layer's before it is read. Every page of
 the K|V file carries a crc32c kept in host memory and checked on every fetch
-(record_file.py), one crc call per page read.
+(record_file.py), every page of a fetch in one compiled call.
 """
 
 from __future__ import annotations

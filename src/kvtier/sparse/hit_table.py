@@ -4,12 +4,17 @@ The HillInfer paper (Fig. 8, BKP) observes that tokens selected as important kee
 being selected (temporal locality) while per-step scores fluctuate. The table
 keeps, per token position:
 
-    hits  uint8  selections, halved every `decay_every` steps (frequency with aging)
-    idle  uint8  steps since the last selection, saturating at 255 (recency)
+    hits   uint8  selections, halved every `decay_every` steps (frequency with aging)
+    stamp  uint8  the step (mod 256) of the last selection (recency)
 
-That is 2 bytes per token, the paper's "2N bytes" table. The migration policy
-(migration.py) reads both: a cold token is promoted only after repeated hits,
-a hot token is demoted only after staying idle.
+That is 2 bytes per token, the paper's "2N bytes" table. A step writes only the
+k tokens it selected: the idle steps of a token are derived from its stamp
+(`idle`) rather than counted up for every token every step, which cost O(context)
+per layer and step. Every `RESTAMP_EVERY` steps the tokens idle longer than
+255 - RESTAMP_EVERY are restamped to that age, so the derived idle count is
+exact up to it and saturates between it and 255 without ever wrapping.
+The migration policy (migration.py) reads both: a cold token is promoted only
+after repeated hits, a hot token is demoted only after staying idle.
 """
 
 from __future__ import annotations
@@ -17,34 +22,49 @@ from __future__ import annotations
 import numpy as np
 
 SATURATED = 255
+RESTAMP_EVERY = 64
+OLDEST = SATURATED - RESTAMP_EVERY  # idle counts above this one are clamped to it at the next restamp
 
 
 class HitTable:
-    """Hit counts and idle steps of one layer's tokens, indexed [sequence, position]."""
+    """Hit counts and selection stamps of one layer's tokens, indexed [sequence, position]."""
 
     def __init__(self, batch: int, capacity: int, decay_every: int = 64) -> None:
         self.hits = np.zeros((batch, capacity), dtype=np.uint8)
-        self.idle = np.zeros((batch, capacity), dtype=np.uint8)
+        self.stamp = np.zeros((batch, capacity), dtype=np.uint8)
         self.decay_every = decay_every
         self.steps = 0
+        self._rows = np.arange(batch)[:, None]
 
     @property
     def nbytes(self) -> int:
-        return self.hits.nbytes + self.idle.nbytes
+        return self.hits.nbytes + self.stamp.nbytes
+
+    def idle(self, rows: int | np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Steps since the tokens at [rows, positions] were last selected or seeded (uint8)."""
+        return np.uint8(self.steps % 256) - self.stamp[rows, positions]
+
+    def idle_rows(self, positions: np.ndarray) -> np.ndarray:
+        """`idle` of positions [batch, n], one row per sequence."""
+        return self.idle(self._rows, positions)
 
     def seed(self, positions: np.ndarray, hits: np.ndarray) -> None:
-        """Start tokens at `positions` [batch, n] with `hits` [batch, n] (e.g. from prompt attention)."""
-        np.put_along_axis(self.hits, positions, hits.astype(np.uint8), axis=1)
-        np.put_along_axis(self.idle, positions, 0, axis=1)
+        """Start tokens at `positions` [batch, n] with `hits` [batch, n] (e.g. from prompt attention), idle 0."""
+        self.hits[self._rows, positions] = hits.astype(np.uint8)
+        self.stamp[self._rows, positions] = self.steps % 256
 
-    def record(self, selected: np.ndarray, tokens: int) -> None:
-        """One decode step: `selected` [batch, k] positions were chosen among the first `tokens` positions."""
-        idle = self.idle[:, :tokens]
-        np.minimum(idle, SATURATED - 1, out=idle)
-        idle += 1
-        np.put_along_axis(self.idle, selected, 0, axis=1)
-        hits = np.take_along_axis(self.hits, selected, axis=1)
-        np.put_along_axis(self.hits, selected, np.minimum(hits, SATURATED - 1) + 1, axis=1)
+    def record(self, selected: np.ndarray) -> None:
+        """One decode step: the tokens at `selected` [batch, k] positions were chosen."""
         self.steps += 1
+        hits = self.hits[self._rows, selected]
+        self.hits[self._rows, selected] = np.minimum(hits, SATURATED - 1) + 1
+        self.stamp[self._rows, selected] = self.steps % 256
         if self.steps % self.decay_every == 0:
             self.hits >>= 1
+        if self.steps % RESTAMP_EVERY == 0:
+            self._restamp()
+
+    def _restamp(self) -> None:
+        every = slice(None)
+        old = self.idle(every, every) > OLDEST
+        self.stamp[old] = (self.steps - OLDEST) % 256

@@ -213,7 +213,7 @@ class SparseLayer(WindowedLayer):
     def _plan_swaps(self, picks: Picks, positions: np.ndarray, hot_scores: np.ndarray,
                     cold_scores: np.ndarray) -> list[Swaps]:
         """Record the step in the hit table; the policy's swaps per sequence (bounded; most steps none)."""
-        self.table.record(positions, self.tokens)
+        self.table.record(positions)
         policy = self.runtime.policy
         if policy is None:
             return [NO_SWAPS] * len(picks.cold)

@@ -53,15 +53,16 @@ class HitPolicy:
 
     def plan(self, table: HitTable, seq: int, cold_positions: np.ndarray, cold_scores: np.ndarray,
              hot_positions: np.ndarray, hot_scores: np.ndarray) -> Swaps:
-        hits, idle = table.hits[seq], table.idle[seq]
+        hits = table.hits[seq]
         candidate_hits = hits[cold_positions].astype(np.int64)
         candidates = np.flatnonzero(candidate_hits >= self.promote_hits)
         if not len(candidates) or not self.max_moves:  # most steps: skip ranking every hot token
             return NO_SWAPS
         candidates = candidates[np.argsort(-candidate_hits[candidates], kind="stable")]
         victim_hits = hits[hot_positions].astype(np.int64)
-        victims = np.flatnonzero(idle[hot_positions] >= self.idle_steps)
-        victims = victims[np.lexsort((-idle[hot_positions][victims].astype(np.int64), victim_hits[victims]))]
+        idle = table.idle(seq, hot_positions).astype(np.int64)
+        victims = np.flatnonzero(idle >= self.idle_steps)
+        victims = victims[np.lexsort((-idle[victims], victim_hits[victims]))]
         count = min(len(candidates), len(victims), self.max_moves)
         candidates, victims = candidates[:count], victims[:count]
         worthwhile = candidate_hits[candidates] > victim_hits[victims]
@@ -70,7 +71,7 @@ class HitPolicy:
     def overflow_victims(self, table: HitTable, hot_positions: np.ndarray, count: int) -> np.ndarray:
         """Hot slots [batch, count] to demote when the pool is over capacity: fewest hits, then longest idle."""
         hits = np.take_along_axis(table.hits, hot_positions, axis=1).astype(np.int64)
-        idle = np.take_along_axis(table.idle, hot_positions, axis=1).astype(np.int64)
+        idle = table.idle_rows(hot_positions).astype(np.int64)
         order = np.lexsort((-idle, hits), axis=1)
         return np.sort(order[:, :count], axis=1)
 

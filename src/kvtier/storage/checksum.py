@@ -13,6 +13,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from kvtier.storage import _crc32c_units
 from kvtier.storage.aligned import aligned_buffer, byte_view
 from kvtier.storage.geometry import PAGE, round_up
 
@@ -66,11 +67,11 @@ class PageChecksums:
         self._written = np.zeros(num_pages, dtype=bool)
 
     @staticmethod
-    def of(data: np.ndarray) -> list[int]:
-        """The crc of each page of `data` (flat bytes, a whole number of pages)."""
-        return [crc32c.crc32c(page) & 0xFFFFFFFF for page in data.reshape(-1, PAGE)]
+    def of(data: np.ndarray) -> np.ndarray:
+        """The crc of each page of `data` (flat bytes, a whole number of pages), uint32, in one call."""
+        return np.frombuffer(_crc32c_units.units(data, PAGE), dtype=np.uint32)
 
-    def record(self, first_page: int, crcs: list[int]) -> None:
+    def record(self, first_page: int, crcs: np.ndarray) -> None:
         """Pages first_page.. now hold data with these crcs (call once the data is on disk)."""
         self._crcs[first_page : first_page + len(crcs)] = crcs
         self._written[first_page : first_page + len(crcs)] = True
@@ -84,13 +85,15 @@ class PageChecksums:
 
         With `unwritten_ok`, a page never written is accepted as it is (a read-modify-write's fresh edge page).
         """
-        for number, page in zip(numbers.tolist(), data.reshape(-1, PAGE)):
-            if not self._written[number]:
-                if unwritten_ok:
-                    continue
-                return f"data page {number} was never written"
-            found = crc32c.crc32c(page) & 0xFFFFFFFF  # pages are contiguous uint8 rows: no byte view needed
-            if found != self._crcs[number]:
-                stored = int(self._crcs[number])
-                return f"checksum mismatch in data page {number} (stored 0x{stored:08x}, read 0x{found:08x})"
-        return None
+        written, found = self._written[numbers], self.of(data)
+        bad = written & (found != self._crcs[numbers])
+        if not unwritten_ok:
+            bad |= ~written
+        if not bad.any():
+            return None
+        first = int(np.argmax(bad))
+        number = int(numbers[first])
+        if not written[first]:
+            return f"data page {number} was never written"
+        stored = int(self._crcs[number])
+        return f"checksum mismatch in data page {number} (stored 0x{stored:08x}, read 0x{int(found[first]):08x})"

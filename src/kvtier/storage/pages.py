@@ -28,7 +28,7 @@ def pages_holding(slots: np.ndarray, record_bytes: int, max_gap: int = BRIDGED_G
     first_page = slots * record_bytes // PAGE
     last_page = ((slots + 1) * record_bytes - 1) // PAGE
     if record_bytes > PAGE:  # a record spans pages in between as well
-        pages = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first_page, last_page)]))
+        pages = np.unique(ranges(first_page, last_page - first_page + 1))
     else:
         pages = np.unique(np.concatenate([first_page, last_page]))
     return bridge_gaps(pages, max_gap)
@@ -37,7 +37,13 @@ def pages_holding(slots: np.ndarray, record_bytes: int, max_gap: int = BRIDGED_G
 def bridge_gaps(pages: np.ndarray, max_gap: int) -> np.ndarray:
     """Sorted unique `pages` plus every gap of at most `max_gap` pages between two of them."""
     gaps = np.diff(pages) - 1
-    small = np.nonzero((gaps > 0) & (gaps <= max_gap))[0]
+    small = np.flatnonzero((gaps > 0) & (gaps <= max_gap))
     if not small.size:
         return pages
-    return np.union1d(pages, np.concatenate([np.arange(pages[i] + 1, pages[i + 1]) for i in small]))
+    return np.sort(np.concatenate([pages, ranges(pages[small] + 1, gaps[small])]))
+
+
+def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """starts[0] .. starts[0] + counts[0] - 1, then the same for each next pair: one array, no Python loop."""
+    ends = np.cumsum(counts)
+    return np.arange(ends[-1]) + np.repeat(starts - ends + counts, counts)
