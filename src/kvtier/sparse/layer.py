@@ -128,6 +128,17 @@ class SparseLayer(WindowedLayer):
 
         return add
 
+    def _swap_timer(self, swaps: int) -> Callable[[float], None]:
+        """What a swap batch's write time goes to: the step's stats and the promotion price."""
+        to_stats, price = self._background_timer(), self.runtime.promotion_price
+
+        def add(seconds: float) -> None:
+            price.observe_writes(seconds, swaps)
+            if to_stats is not None:
+                to_stats(seconds)
+
+        return add
+
     def attend(self, module, query: torch.Tensor, attention_mask: torch.Tensor | None,
                inner: Callable, **kwargs) -> tuple[torch.Tensor, None]:
         """Exact attention of the decode query [B, Hq, 1, D] over sink + top-alpha pooled + recent tokens.
@@ -169,6 +180,7 @@ class SparseLayer(WindowedLayer):
         cold_fetched = time.perf_counter()
         output = partial.merge(Partial.over([cold_segment], scaling, attention_mask, softcap)).output(query)
         attended = time.perf_counter()
+        runtime.promotion_price.observe_fetch(submitted - chosen + cold_fetched - hot_attended, picks.cold_count)
         if runtime.on_attend is not None:
             self._report_attended(positions)
         self._apply_swaps(swaps, picks, positions, cold)
@@ -237,7 +249,7 @@ class SparseLayer(WindowedLayer):
             victim_positions = hot_positions[swaps.victims].copy()
             promoted = torch.from_numpy(swaps.promote)
             cold_pool.replace_later(self.tier, seq, cold_slots[swaps.promote], victim_keys, victim_values,
-                                    victim_positions, self._background_timer())
+                                    victim_positions, self._swap_timer(len(swaps)))
             self.hot.replace(seq, swaps.victims, cold_keys[:, promoted], cold_values[:, promoted],
                              cold_positions[swaps.promote])
             self.meter.record(self.table.steps, seq, cold_positions[swaps.promote], +1)

@@ -6,7 +6,8 @@ sequence the same counts). At most `max_moves` swaps per layer, sequence and
 step bound the disk writes a step can cost.
 
 `HitPolicy` (HillInfer's dual metric): a cold token selected now is a
-candidate only if the hit table shows repeated selections (`promote_hits`);
+candidate only if the hit table shows repeated selections, as many as pay for
+the swap's writes (promotion_price.py; at least `promote_hits`);
 a hot token is a victim only if it has been idle for `idle_steps`; pairs are
 made hottest candidate with coldest victim, and only while the candidate has
 more hits than its victim (hysteresis).
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtier.sparse.hit_table import HitTable
+from kvtier.sparse.promotion_price import PromotionPrice
 
 POLICIES = ("hit", "naive", "off")
 
@@ -48,14 +50,16 @@ NO_SWAPS = Swaps(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
 @dataclass(frozen=True)
 class HitPolicy:
     max_moves: int = 8
-    promote_hits: int = 2
+    promote_hits: int = 2  # the floor: with a price, a candidate needs the hits that pay for its swap
     idle_steps: int = 16
+    price: PromotionPrice | None = None
 
     def plan(self, table: HitTable, seq: int, cold_positions: np.ndarray, cold_scores: np.ndarray,
              hot_positions: np.ndarray, hot_scores: np.ndarray) -> Swaps:
         hits = table.hits[seq]
         candidate_hits = hits[cold_positions].astype(np.int64)
-        candidates = np.flatnonzero(candidate_hits >= self.promote_hits)
+        needed = self.price.hits(self.promote_hits) if self.price is not None else self.promote_hits
+        candidates = np.flatnonzero(candidate_hits >= needed)
         if not len(candidates) or not self.max_moves:  # most steps: skip ranking every hot token
             return NO_SWAPS
         candidates = candidates[np.argsort(-candidate_hits[candidates], kind="stable")]
@@ -88,11 +92,14 @@ class NaivePolicy(HitPolicy):
         return Swaps(candidates[worthwhile], victims[worthwhile])
 
 
-def make_policy(name: str, max_moves: int, promote_hits: int, idle_steps: int) -> HitPolicy | None:
+def make_policy(name: str, max_moves: int, promote_hits: int, idle_steps: int,
+                price: PromotionPrice | None = None) -> HitPolicy | None:
+    """The policy `name`; the hit policy weighs each promotion against `price`, the naive one does not."""
     if name == "off":
         return None
-    kind = HitPolicy if name == "hit" else NaivePolicy
-    return kind(max_moves, promote_hits, idle_steps)
+    if name == "hit":
+        return HitPolicy(max_moves, promote_hits, idle_steps, price)
+    return NaivePolicy(max_moves, promote_hits, idle_steps)
 
 
 class PingPongMeter:

@@ -2,7 +2,7 @@
 
 The cold pool's files, the shared channel and the storage scorer process
 (through its client, the layers' one seam to the cold tier), the migration
-policy, APP's plan and rates, the step statistics, and the query shapes the
+policy and what its promotions cost, APP's plan and rates, the step statistics, and the query shapes the
 scorer and the hot pool score with.
 """
 
@@ -16,6 +16,7 @@ import torch
 from kvtier.sparse.cold_pool import ColdPool
 from kvtier.sparse.migration import make_policy
 from kvtier.sparse.planner import Plan, Throughputs, load_or_calibrate, plan_split, predicted_times
+from kvtier.sparse.promotion_price import PromotionPrice
 from kvtier.sparse.protocol import CONTROL_SCORER_READ_BYTES, Channel, ChannelSpec
 from kvtier.sparse.scorer_client import ScorerClient
 from kvtier.sparse.settings import SparseSettings
@@ -35,7 +36,9 @@ class SparseRuntime:
         self.max_hot_tokens = max_hot_tokens
         self.storage_dir = storage_dir
         self.heads, self.group, self.head_dim, self.dtype = heads, q_heads // heads, head_dim, dtype
-        self.policy = make_policy(settings.policy, settings.max_moves, settings.promote_hits, settings.idle_steps)
+        self.promotion_price = PromotionPrice()
+        self.policy = make_policy(settings.policy, settings.max_moves, settings.promote_hits, settings.idle_steps,
+                                  self.promotion_price)
         self.stats = SparseStats()
         self.plan: Plan | None = None
         self.on_attend: Callable[[int, np.ndarray], None] | None = None  # see SparseCache.watch_attended
