@@ -27,8 +27,9 @@ Files (one concept each):
     hot_pool.py        HotPool (torch, host DRAM)
     cold_pool.py       ColdPool: host bookkeeping and I/O of the cold files, crc32c per page
     background_writes.py  the moves' cold writes off the critical path; a layer settles its own before reading
-    hit_table.py       HKM hit table, 2 bytes per token (hits with decay, idle steps)
+    hit_table.py       HKM hit table, 2 bytes per token (hits with decay, step of the last selection)
     migration.py       BKP policies (hit table vs naive instantaneous scores), ping-pong meter
+    promotion_price.py the hits a promotion needs to pay for its writes, from measured write and fetch costs
     placement.py       SnapKV-style observation-window importance for the initial hot/cold split
     planner.py         APP: latency model, beta by eq. (4) with skew correction, calibration cache
     layer.py           SparseLayer (on kv.windowed's skeleton): hot/cold placement, the overlapped decode step,
@@ -67,8 +68,11 @@ Decisions and why:
   (the knee of the attention mass the last tokens hold).
 - Score blocks are 1024 tokens (SparseSettings.score_block_tokens): each block is one numpy call
   in the scorer, and small blocks pay more call overhead than inner products.
-- Cold reads go to the disk as one kernel AIO batch per layer (all sequences), checked with one
-  crc32c per 4 KiB page; tokens leave the recent window `retire_batch` at a time.
+- Cold reads go to the disk as one kernel AIO batch per layer (all sequences), checked with a
+  crc32c per 4 KiB page (all pages of a batch in one compiled call); tokens leave the recent
+  window `retire_batch` at a time.
+- The hit policy promotes a cold token only when its hits pay for the swap's writes at the
+  measured costs (promotion_price.py): on the development VM's disk they almost never do.
 The measurements behind these choices, with their commands and dates: docs/decisions.md.
 - Prefill attention is dense (the model's own); its K/V accumulate in host
   memory until the first decode step distributes them. The prompt KV must
