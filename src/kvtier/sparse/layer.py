@@ -34,6 +34,7 @@ import torch
 
 from kvtier.kv.gather import take_tokens
 from kvtier.kv.windowed import WindowedLayer
+from kvtier.sparse.cold_image import ImagedLayer
 from kvtier.sparse.hit_table import HitTable
 from kvtier.sparse.hot_pool import HotPool, importance
 from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
@@ -76,8 +77,11 @@ class SparseLayer(WindowedLayer):
         self._scaling = scaling
 
     def place(self, pool: slice) -> None:
-        """Split the prompt's middle between hot pool and cold pool by observation-window importance (APP's sizes)."""
-        if pool.stop > pool.start:
+        """Split the prompt's middle between hot pool and cold pool by observation-window importance (APP's sizes),
+        or as a stored image placed the reused prefix."""
+        if self.runtime.image is not None:
+            self._restore(pool, self.runtime.image.layers[self.tier], self.runtime.image.tokens)
+        elif pool.stop > pool.start:
             importance = self._importance()[:, pool].numpy()
             hot_index, cold_index = split_hot_cold(importance, self.runtime.hot_tokens_for(importance))
             pool_keys, pool_values = self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu()
@@ -89,6 +93,18 @@ class SparseLayer(WindowedLayer):
             positions = np.arange(pool.start, pool.stop)[None, :].repeat(len(importance), axis=0)
             self.table.seed(positions, seed_hits(importance, self.runtime.settings.alpha))
         self._observation = None
+
+    def _restore(self, pool: slice, stored: ImagedLayer, tokens: int) -> None:
+        """Place the pool as `stored` placed its first `tokens` positions: its cold slots are adopted where they lie
+        (nothing is written), its hot positions and the later pooled tokens fill the hot pool from the prompt's K/V."""
+        imaged = min(tokens, pool.stop)  # positions the image places; later ones go hot, as tokens leaving the window
+        later = np.arange(imaged, pool.stop)
+        hot_positions = np.concatenate([stored.hot[stored.hot < imaged], later])[None, :]
+        index = torch.from_numpy(hot_positions[0])
+        self.hot.append(self.keys[:, :, index].cpu(), self.values[:, :, index].cpu(), hot_positions)
+        self.runtime.cold.adopt(self.tier, stored.cold[: np.searchsorted(stored.cold, imaged)])
+        self.table.hits[0, :imaged], self.table.idle[0, :imaged] = stored.hits[:imaged], stored.idle[:imaged]
+        self.table.seed(later[None, :], np.ones((1, len(later)), dtype=np.uint8))
 
     def _importance(self) -> torch.Tensor:
         if self._observation is None:  # a prompt fed token by token: no window, keep newer tokens hot

@@ -9,10 +9,12 @@ scorer and the hot pool score with.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from kvtier.sparse.cold_image import ColdImage, image_key
 from kvtier.sparse.cold_pool import ColdPool
 from kvtier.sparse.migration import make_policy
 from kvtier.sparse.planner import Plan, Throughputs, load_or_calibrate, plan_split, predicted_times
@@ -29,8 +31,11 @@ class SparseRuntime:
 
     def __init__(self, settings: SparseSettings, max_tokens: int, batch: int, heads: int, q_heads: int,
                  head_dim: int, dtype: torch.dtype, tiered: int, storage_dir: str, max_hot_tokens: int,
-                 io_threads: int) -> None:
+                 io_threads: int, image_dir: Path | None = None, image_tokens: int = 0) -> None:
+        """`image_dir`: a stored sparse image (cold_image.py) for the first `image_tokens` prompt tokens, used in place
+        when it was made with these settings."""
         self.settings = settings
+        self.tiered, self.batch = tiered, batch
         self.max_tokens = max_tokens
         self.max_hot_tokens = max_hot_tokens
         self.storage_dir = storage_dir
@@ -47,12 +52,16 @@ class SparseRuntime:
         self.cold: ColdPool | None = None
         self.scorer: ScorerClient | None = None
         try:
+            self.image = ColdImage.open(image_dir, image_key(self), image_tokens) if image_dir is not None else None
+            if self.image is not None:
+                self.plan = Plan(**self.image.plan)
             self.cold = ColdPool(storage_dir, tiered, batch, max_tokens, heads, head_dim, dtype, self.fmt, self.io,
-                                 self.channel)
+                                 self.channel, self.image.kv_file(self.io) if self.image is not None else None)
             self.scorer = ScorerClient(self.channel, self.cold.sketches.path, self.cold.sketches.layout, self.fmt,
                                        settings.aggregation, settings.score_block_tokens, settings.scorer_io_threads,
                                        settings.scorer_memory_budget,
-                                       crash_after_blocks=settings.crash_scorer_after_blocks)
+                                       crash_after_blocks=settings.crash_scorer_after_blocks,
+                                       stored=self.image.scorer_config() if self.image is not None else None)
         except BaseException:
             self.close()
             raise
