@@ -48,6 +48,8 @@ class SparseRuntime:
         q_per_head = 1 if settings.aggregation == "sum" else self.group
         self.channel = Channel.create(ChannelSpec(batch, tiered, heads, q_per_head, head_dim, max_tokens))
         self.io = IOEngine(io_threads)
+        # a stored image's reads get an engine of their own: a fetch has one batch in flight on each file at once
+        self.stored_io = IOEngine(io_threads) if image_dir is not None else None
         self.fmt = SketchFormat.for_keys(settings.score_bits, heads, head_dim)
         self.cold: ColdPool | None = None
         self.scorer: ScorerClient | None = None
@@ -56,7 +58,7 @@ class SparseRuntime:
             if self.image is not None:
                 self.plan = Plan(**self.image.plan)
             self.cold = ColdPool(storage_dir, tiered, batch, max_tokens, heads, head_dim, dtype, self.fmt, self.io,
-                                 self.channel, self.image.kv_file(self.io) if self.image is not None else None)
+                                 self.channel, self.image.kv_file(self.stored_io) if self.image is not None else None)
             self.scorer = ScorerClient(self.channel, self.cold.sketches.path, self.cold.sketches.layout, self.fmt,
                                        settings.aggregation, settings.score_block_tokens, settings.scorer_io_threads,
                                        settings.scorer_memory_budget,
@@ -104,6 +106,8 @@ class SparseRuntime:
         """Disk bytes moved by the host (writes, K/V fetches) and by the scorer (sketch reads)."""
         stats = self.io.stats.snapshot()
         stats.bytes_read += int(self.channel.control[CONTROL_SCORER_READ_BYTES])
+        if self.stored_io is not None:
+            stats.bytes_read += self.stored_io.stats.snapshot().bytes_read
         return stats
 
     def close(self) -> None:
@@ -114,4 +118,6 @@ class SparseRuntime:
             self.cold.close()
             self.cold = None
         self.io.close()
+        if self.stored_io is not None:
+            self.stored_io.close()
         self.channel.close()

@@ -137,7 +137,7 @@ class SketchScorer:
         """The first `count` sketches of each of `seqs` into their buffers, read together; the bytes read."""
         if self.stored is not None:
             return sum(self.stored.read_layered(self.io, self.fd, self.layout, layer, seq,
-                                                self.channel.overlay[layer, seq, :count], self._buffers[seq])
+                                                self.channel.overlay[layer, seq, :count].copy(), self._buffers[seq])
                        for seq in seqs)
         nbytes = self.layout.prefix_bytes(count)
         self.io.read_runs(self.fd, [(self.layout.region_offset(layer, seq), [memoryview(self._buffers[seq][:nbytes])])
