@@ -52,6 +52,17 @@ def test_a_second_question_uses_the_stored_cold_pool_in_place(tiny_llm, document
     assert image_files(store) == stored  # ... and the image is as it was
 
 
+def test_the_image_counts_toward_the_stores_bound(tiny_llm, document, tmp_path, sparse):
+    store = DocumentStore(tmp_path / "store")
+    ask(tiny_llm, document, store, FIRST, sparse)
+    (entry,) = store.entries()
+    assert entry.nbytes > entry.meta.nbytes + 2 * PAGE  # kv.bin, meta.json and the image's cold records
+    bounded = DocumentStore(tmp_path / "store", size_limit=entry.nbytes)
+    other = KVConfig(**{**vars(sparse), "kv": "dense"})
+    ask(tiny_llm, "Name one place . " * 200, bounded, FIRST, other)  # another document: the first is evicted
+    assert len(bounded.entries()) == 1 and bounded.entries()[0].id != entry.id
+
+
 def test_placement_after_reuse_writes_nothing(tiny_llm, document, store, sparse, monkeypatch):
     ask(tiny_llm, document, store, FIRST, sparse)
     writes = []

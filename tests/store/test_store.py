@@ -50,13 +50,13 @@ def test_another_identity_is_ignored_with_a_message(store, caplog):
 def test_least_recently_used_entries_are_evicted_to_stay_under_the_limit(tmp_path):
     store = DocumentStore(tmp_path / "store")
     first, _ = publish(store, keys_for("a", 2), 2 * BLOCK)
-    size = store.entries()[0].meta.nbytes
+    size = store.entries()[0].nbytes  # on disk: its K/V and meta.json
     store = DocumentStore(tmp_path / "store", size_limit=2 * size)
     second, _ = publish(store, keys_for("b", 2), 2 * BLOCK, nbytes=size)
     os.utime(tmp_path / "store" / first / "meta.json", (1, 1))  # the first is older
     third, _ = publish(store, keys_for("c", 2), 2 * BLOCK, nbytes=size)
     assert {entry.id for entry in store.entries()} == {second, third}
-    assert sum(entry.meta.nbytes for entry in store.entries()) <= 2 * size
+    assert sum(entry.nbytes for entry in store.entries()) <= 2 * size
 
 
 def test_a_prompt_larger_than_the_store_is_not_stored(tmp_path, caplog):
