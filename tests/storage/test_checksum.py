@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from kvtier.storage.checksum import ENTRY, ChecksumTable, checksum
+from kvtier.storage.checksum import ENTRY, ChecksumTable, PageChecksums, checksum
 from kvtier.storage.geometry import PAGE
 
 
@@ -41,3 +41,18 @@ def test_table_pages_are_aligned():
     assert view.ctypes.data % PAGE == 0 and view.nbytes == 2 * PAGE
     with pytest.raises(IndexError):
         table.stored_crc(2000 * 100)
+
+
+def test_page_checksums_outlive_their_writer_and_a_damaged_table_is_refused():
+    data = np.arange(3 * PAGE, dtype=np.uint8)
+    written = PageChecksums(8)
+    written.record(2, PageChecksums.of(data))
+    kept = written.take([(2, 2)])  # the third page left out: never written as far as the copy knows
+    loaded = PageChecksums.from_bytes(kept.to_bytes(), 8)
+    assert loaded.mismatch(2, data[: 2 * PAGE]) is None
+    assert "never written" in loaded.mismatch(4, data[2 * PAGE :])
+    damaged = bytearray(kept.to_bytes())
+    damaged[3] ^= 0x01
+    for table in (bytes(damaged), kept.to_bytes()[:-1]):
+        with pytest.raises(ValueError, match="damaged"):
+            PageChecksums.from_bytes(table, 8)
