@@ -44,7 +44,7 @@ def test_a_second_question_uses_the_stored_cold_pool_in_place(tiny_llm, document
     cold = generate(tiny_llm, f"{document} {SECOND}", 24, sparse, progress=False)
     adopted = []
     monkeypatch.setattr(ColdPool, "adopt", lambda pool, layer, positions, adopt=ColdPool.adopt: (
-        adopted.append(len(positions)), adopt(pool, layer, positions))[1])
+        adopted.append(len(positions)), adopt(pool, layer, positions)))
     warm = ask(tiny_llm, document, store, SECOND, sparse, 24)
     assert warm.reused_prompt_tokens > 0 and warm.token_ids == cold.token_ids
     assert len(adopted) == 2 and min(adopted) > 0  # every tiered layer took its cold slots from the image
@@ -63,12 +63,24 @@ def test_the_image_counts_toward_the_stores_bound(tiny_llm, document, tmp_path, 
     assert len(bounded.entries()) == 1 and bounded.entries()[0].id != entry.id
 
 
-def test_placement_after_reuse_writes_nothing(tiny_llm, document, store, sparse, monkeypatch):
+def test_placement_after_reuse_writes_no_token_of_the_stored_prefix(tiny_llm, document, store, sparse, monkeypatch):
     ask(tiny_llm, document, store, FIRST, sparse)
-    writes = []
-    monkeypatch.setattr(ColdPool, "_write", lambda pool, layer, seq, slots, *_: writes.append(len(slots)))
-    ask(tiny_llm, document, store, SECOND, sparse, new_tokens=1)  # prefill and placement only
-    assert writes == []
+    written = []
+    monkeypatch.setattr(ColdPool, "append", lambda pool, layer, keys, values, positions, append=ColdPool.append: (
+        written.append(positions), append(pool, layer, keys, values, positions)))
+    warm = ask(tiny_llm, document, store, SECOND, sparse, new_tokens=1)  # prefill and placement only
+    assert all((positions >= warm.reused_prompt_tokens).all() for positions in written)  # only the question's
+
+
+def test_a_partly_shared_prompt_places_the_rest_itself(tiny_llm, document, store, sparse):
+    """A prompt sharing only the document's first blocks: the image covers those, the rest is split as in a cold run
+    (the hot pool stays within its budget)."""
+    ask(tiny_llm, document, store, FIRST, sparse)
+    changed = document[: len(document) // 3] + " Name one place . " * 120
+    cold = generate(tiny_llm, f"{changed} {SECOND}", NEW_TOKENS, sparse, progress=False)
+    warm = ask(tiny_llm, changed, store, SECOND, sparse)
+    assert 0 < warm.reused_prompt_tokens < warm.prefill_tokens / 2 and warm.token_ids == cold.token_ids
+    assert warm.kv_bytes["host"] <= cold.kv_bytes["host"] + 64 * 2 * 2 * 2 * 16 * 4  # + one demote batch
 
 
 def test_another_sparse_layout_is_ignored_with_a_message(tiny_llm, document, store, sparse, caplog):

@@ -65,7 +65,10 @@ def image_key(runtime) -> dict:
 
 
 def save_image(directory: Path, runtime, layers: list, tokens: int) -> int:
-    """Write the image of the placed `layers` (SparseLayers, in tier order) for positions < `tokens`; its bytes."""
+    """Write the image of the placed `layers` (SparseLayers, in tier order) for positions < `tokens`; its bytes
+    (0: nothing to image, as for a batch, whose sequences a document entry does not hold, or an empty pool)."""
+    if runtime.batch != 1 or runtime.plan is None:
+        return 0
     directory.mkdir()
     try:
         imaged = [_imaged_layer(layer, runtime, tokens) for layer in layers]

@@ -16,6 +16,13 @@ placement (`append_later`, `replace_later`) run on a background thread
 (background_writes.py); `settle(layer)` waits for a layer's before it is read. Every page of
 the K|V file carries a crc32c kept in host memory and checked on every fetch
 (record_file.py), one crc call per page read.
+
+With a `base` (a stored document's image, cold_image.py), `adopt` hands a layer's
+first slots to the base's read-only files: the prompt's cold tokens are not
+written again. A later write of any slot goes to this pool's own files and sets
+the slot's bit in the channel's `overlay` mask, so the image is never modified
+(other processes may be reading it); fetches and the scorer read each slot
+where its bytes are.
 """
 
 from __future__ import annotations

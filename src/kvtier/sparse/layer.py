@@ -77,13 +77,17 @@ class SparseLayer(WindowedLayer):
         self._scaling = scaling
 
     def place(self, pool: slice) -> None:
-        """Split the prompt's middle between hot pool and cold pool by observation-window importance (APP's sizes),
-        or as a stored image placed the reused prefix."""
-        if self.runtime.image is not None:
-            self._restore(pool, self.runtime.image.layers[self.tier], self.runtime.image.tokens)
-        elif pool.stop > pool.start:
+        """Split the prompt's middle between hot pool and cold pool by observation-window importance (APP's sizes).
+        With a stored image, the positions it covers are placed as it placed them, and only the rest is split."""
+        image = self.runtime.image
+        if image is not None:
+            imaged = min(image.tokens, pool.stop)
+            self._restore(image.layers[self.tier], imaged)
+            pool = slice(imaged, pool.stop)
+        if pool.stop > pool.start:
             importance = self._importance()[:, pool].numpy()
-            hot_index, cold_index = split_hot_cold(importance, self.runtime.hot_tokens_for(importance))
+            hot_count = min(self.runtime.hot_tokens_for(importance), self.runtime.hot_tokens - self.hot.used)
+            hot_index, cold_index = split_hot_cold(importance, hot_count)
             pool_keys, pool_values = self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu()
             self.hot.append(take_tokens(pool_keys, hot_index), take_tokens(pool_values, hot_index),
                             hot_index + pool.start)
@@ -94,17 +98,14 @@ class SparseLayer(WindowedLayer):
             self.table.seed(positions, seed_hits(importance, self.runtime.settings.alpha))
         self._observation = None
 
-    def _restore(self, pool: slice, stored: ImagedLayer, tokens: int) -> None:
-        """Place the pool as `stored` placed its first `tokens` positions: its cold slots are adopted where they lie
-        (nothing is written), its hot positions and the later pooled tokens fill the hot pool from the prompt's K/V."""
-        imaged = min(tokens, pool.stop)  # positions the image places; later ones go hot, as tokens leaving the window
-        later = np.arange(imaged, pool.stop)
-        hot_positions = np.concatenate([stored.hot[stored.hot < imaged], later])[None, :]
+    def _restore(self, stored: ImagedLayer, imaged: int) -> None:
+        """Place positions [sink, imaged) as `stored` placed them: its cold slots are adopted where they lie (nothing
+        is written), its hot positions are taken from the prompt's K/V, its hit table is restored."""
+        hot_positions = stored.hot[stored.hot < imaged][None, :]
         index = torch.from_numpy(hot_positions[0])
         self.hot.append(self.keys[:, :, index].cpu(), self.values[:, :, index].cpu(), hot_positions)
         self.runtime.cold.adopt(self.tier, stored.cold[: np.searchsorted(stored.cold, imaged)])
         self.table.hits[0, :imaged], self.table.idle[0, :imaged] = stored.hits[:imaged], stored.idle[:imaged]
-        self.table.seed(later[None, :], np.ones((1, len(later)), dtype=np.uint8))
 
     def _importance(self) -> torch.Tensor:
         if self._observation is None:  # a prompt fed token by token: no window, keep newer tokens hot

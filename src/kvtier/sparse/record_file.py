@@ -17,8 +17,9 @@ holding them, short gaps bridged (storage/pages.py).
 With `page_checksums`, the file keeps in memory a crc32c of every page it
 wrote and checks every page it reads against it (fetches and the edge pages
 of a read-modify-write alike), so integrity costs one crc call per 4 KiB page,
-not one per record. Only the writing process can check them: the K|V file has
-them, the sketch file (read by the scorer process) does not.
+not one per record. Both cold-pool files keep them; a stored image persists
+them (cold_image.py), so a file opened read-only with `stored_pages` is checked
+by another process too (the scorer checks a stored image's sketches the same way).
 """
 
 from __future__ import annotations
