@@ -11,7 +11,6 @@ import torch
 from tqdm import tqdm
 
 from kvtier.errors import ChecksumError
-
 from kvtier.kv.contract import tier_bytes
 from kvtier.models.prompts import check_context, prompt_ids
 from kvtier.modes import KVConfig, make_cache
