@@ -65,11 +65,11 @@ class SparseCache(Cache, SelectiveKVCache):
             if isinstance(layer, SparseLayer) and layer.tokens and not layer.distributed:
                 layer.distribute()
 
-    def save_image(self, directory: Path, tokens: int) -> int:
+    def save_image(self, directory: Path, tokens: int) -> None:
         """After `place_prompt`: write the placed tiers of positions < `tokens` into `directory` (a stored
-        document's sparse image, cold_image.py); its bytes."""
+        document's sparse image, cold_image.py)."""
         layers = sorted((layer for layer in self.layers if isinstance(layer, SparseLayer)), key=lambda layer: layer.tier)
-        return save_image(directory, self.runtime, layers, tokens)
+        save_image(directory, self.runtime, layers, tokens)
 
     @property
     def image(self) -> ColdImage | None:

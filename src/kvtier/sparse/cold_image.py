@@ -64,11 +64,11 @@ def image_key(runtime) -> dict:
             "max_hot_tokens": runtime.max_hot_tokens}
 
 
-def save_image(directory: Path, runtime, layers: list, tokens: int) -> int:
-    """Write the image of the placed `layers` (SparseLayers, in tier order) for positions < `tokens`; its bytes
-    (0: nothing to image, as for a batch, whose sequences a document entry does not hold, or an empty pool)."""
+def save_image(directory: Path, runtime, layers: list, tokens: int) -> None:
+    """Write the image of the placed `layers` (SparseLayers, in tier order) for positions < `tokens`; nothing for a
+    batch (a document entry holds one sequence) or an empty pool."""
     if runtime.batch != 1 or runtime.plan is None:
-        return 0
+        return
     directory.mkdir()
     try:
         imaged = [_imaged_layer(layer, runtime, tokens) for layer in layers]
@@ -88,7 +88,6 @@ def save_image(directory: Path, runtime, layers: list, tokens: int) -> int:
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    return sum(path.stat().st_size for path in directory.iterdir())
 
 
 def _placed_until(layer, tokens: int) -> int:

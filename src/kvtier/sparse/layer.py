@@ -83,20 +83,27 @@ class SparseLayer(WindowedLayer):
         if image is not None:
             imaged = min(image.tokens, pool.stop)
             self._restore(image.layers[self.tier], imaged)
-            pool = slice(imaged, pool.stop)
-        if pool.stop > pool.start:
-            importance = self._importance()[:, pool].numpy()
-            hot_count = min(self.runtime.hot_tokens_for(importance), self.runtime.hot_tokens - self.hot.used)
-            hot_index, cold_index = split_hot_cold(importance, hot_count)
-            pool_keys, pool_values = self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu()
-            self.hot.append(take_tokens(pool_keys, hot_index), take_tokens(pool_values, hot_index),
-                            hot_index + pool.start)
-            if cold_index.shape[1]:
-                self.runtime.cold.append(self.tier, take_tokens(pool_keys, cold_index),
-                                         take_tokens(pool_values, cold_index), cold_index + pool.start)
-            positions = np.arange(pool.start, pool.stop)[None, :].repeat(len(importance), axis=0)
-            self.table.seed(positions, seed_hits(importance, self.runtime.settings.alpha))
+            rest = slice(imaged, pool.stop)
+            if rest.stop - rest.start <= self.runtime.hot_tokens - self.hot.used:
+                self._admit_rest(rest)  # a question's few tokens: ranking them would score the window on every key
+            else:
+                self._split(rest)
+        elif pool.stop > pool.start:
+            self._split(pool)
         self._observation = None
+
+    def _split(self, pool: slice) -> None:
+        """Place the pool's tokens hot or cold by observation-window importance, within the hot pool's room."""
+        importance = self._importance()[:, pool].numpy()
+        hot_count = min(self.runtime.hot_tokens_for(importance), self.runtime.hot_tokens - self.hot.used)
+        hot_index, cold_index = split_hot_cold(importance, hot_count)
+        pool_keys, pool_values = self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu()
+        self.hot.append(take_tokens(pool_keys, hot_index), take_tokens(pool_values, hot_index), hot_index + pool.start)
+        if cold_index.shape[1]:
+            self.runtime.cold.append(self.tier, take_tokens(pool_keys, cold_index), take_tokens(pool_values, cold_index),
+                                     cold_index + pool.start)
+        positions = np.arange(pool.start, pool.stop)[None, :].repeat(len(importance), axis=0)
+        self.table.seed(positions, seed_hits(importance, self.runtime.settings.alpha))
 
     def _restore(self, stored: ImagedLayer, imaged: int) -> None:
         """Place positions [sink, imaged) as `stored` placed them: its cold slots are adopted where they lie (nothing
@@ -106,6 +113,12 @@ class SparseLayer(WindowedLayer):
         self.hot.append(self.keys[:, :, index].cpu(), self.values[:, :, index].cpu(), hot_positions)
         self.runtime.cold.adopt(self.tier, stored.cold[: np.searchsorted(stored.cold, imaged)])
         self.table.hits[0, :imaged], self.table.idle[0, :imaged] = stored.hits[:imaged], stored.idle[:imaged]
+
+    def _admit_rest(self, pool: slice) -> None:
+        """The pool's tokens after the image, all hot, as tokens leaving the recent window enter the hot pool."""
+        positions = np.arange(pool.start, pool.stop)[None, :]
+        self.hot.append(self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu(), positions)
+        self.table.seed(positions, np.ones(positions.shape, dtype=np.uint8))
 
     def _importance(self) -> torch.Tensor:
         if self._observation is None:  # a prompt fed token by token: no window, keep newer tokens hot
