@@ -1,5 +1,8 @@
 """Random K/V in a chunked prefill's order, and the meta of a store entry for them (tests/store)."""
 
+import os
+import signal
+
 import torch
 
 from kvtier.store.meta import EntryMeta
@@ -24,3 +27,25 @@ def prefill_updates(tokens: int, chunk: int, dtype=torch.float32, seed: int = 0)
     updates = [(layer, keys[:, :, start : start + chunk], values[:, :, start : start + chunk])
                for start in range(0, tokens, chunk) for layer, (keys, values) in enumerate(whole)]
     return updates, whole
+
+
+class KilledAt:
+    """`os` for the store's modules in a forked writer: SIGKILL itself at the n-th file-changing call."""
+
+    CALLS = ("write", "pwrite", "fsync", "rename", "open", "close", "ftruncate", "copy_file_range")
+
+    def __init__(self, point: int) -> None:
+        self.point, self.calls = point, 0
+
+    def __getattr__(self, name):
+        real = getattr(os, name)
+        if name not in self.CALLS:
+            return real
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.point:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(*args, **kwargs)
+
+        return counted

@@ -1,22 +1,27 @@
 """Greedy generation with a chosen KV mode: chunked prefill with progress, streamed decode, measured summary."""
 
+import logging
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from kvtier.errors import ChecksumError
 from kvtier.kv.contract import tier_bytes
 from kvtier.models.prompts import check_context, prompt_ids
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import SparseCache
+from kvtier.sparse.cold_image import IMAGE_DIR, CorruptImage
 from kvtier.store.entry import CorruptEntry, EntryWriter
 from kvtier.store.reuse import PromptReuse
 from kvtier.store.store import DocumentStore
 from kvtier.threads import decoding
 
+log = logging.getLogger(__name__)
 # Called with the cache after each prefill chunk and each new token; True cancels the generation.
 Watch = Callable[[object], bool]
 
@@ -118,9 +123,15 @@ def generate(
         try:
             with decoding(kv_config.kv):  # sparse: a core for the scorer process
                 cache.place_prompt()  # under the decode's threads: the sparse path calibrates APP there
+                if isinstance(cache, SparseCache) and prompt_in.writer is not None:
+                    _store_sparse_image(cache, prompt_in.writer)  # before a decode step changes the pools
                 prefilled = time.perf_counter()
-                new_ids, first_token_at = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer, on_text,
-                                                   on_token, choose, watch)
+                try:
+                    new_ids, first_token_at = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer,
+                                                       on_text, on_token, choose, watch)
+                except ChecksumError as error:
+                    _drop_damaged_image(cache, reuse, error)
+                    raise
             finished = time.perf_counter()
             kv_bytes = tier_bytes(cache, model)
             io = cache.io_stats()
@@ -167,29 +178,67 @@ class _PromptIn:
         """(cache, last logits, when the prefill started). A damaged stored prefix is recomputed once from scratch
         (`--on-corrupt recompute`) or raised (`fail`)."""
         model = self.llm.model
-        cache = make_cache(model, self.kv_config, self.max_tokens, self.ids.shape[0], self.llm.model_id)
+        try:
+            cache = make_cache(model, self.kv_config, self.max_tokens, self.ids.shape[0], self.llm.model_id,
+                               _sparse_image(reuse))
+        except CorruptImage as error:
+            return self._recompute(reuse, error)
         started = time.perf_counter()
         try:
             if reuse is None:
                 return cache, self._prefill(cache, 0), started
             with reuse.recording(cache) as writer:
                 self.reused = reuse.replay(cache)
+                if isinstance(cache, SparseCache) and cache.image is not None:
+                    reuse.bytes_read += cache.image.bytes_read
                 logits = self._prefill(cache, self.reused)
             self.writer = writer
             return cache, logits, started
-        except CorruptEntry:
+        except CorruptEntry as error:
             cache.close()
-            if reuse.store.on_corrupt == "fail":
-                raise
-            reuse.forget_match()
-            return self.into_cache(reuse)
+            return self._recompute(reuse, error)
         except BaseException:
             cache.close()
             raise
 
+    def _recompute(self, reuse: PromptReuse, error: CorruptEntry | CorruptImage) -> tuple[object, torch.Tensor, float]:
+        """After a damaged entry: raise (`fail`, the entry kept), or prefill the whole prompt as if nothing were stored
+        (replay has removed a damaged entry; a damaged sparse image's entry is removed here)."""
+        if reuse.store.on_corrupt == "fail":
+            raise error
+        if isinstance(error, CorruptImage):
+            reuse.store.drop(reuse.match.entry.path, str(error))
+        reuse.forget_match()
+        return self.into_cache(reuse)
+
     def _prefill(self, cache, start: int) -> torch.Tensor:
         ids = self.ids[:, start:].to(self.llm.model.device)
         return _prefill_with_progress(self.llm.model, ids, cache, self.chunk, self.progress, self.watch)
+
+
+def _sparse_image(reuse: PromptReuse | None) -> tuple[Path, int] | None:
+    """The stored sparse image a reusing prompt's sparse cache may use in place: (directory, reused tokens)."""
+    if reuse is None or reuse.match is None:
+        return None
+    return reuse.match.entry.path / IMAGE_DIR, reuse.match.tokens
+
+
+def _store_sparse_image(cache: SparseCache, writer: EntryWriter) -> None:
+    """Add the placed tiers to the entry being written; a failed write leaves the entry without them. A cache that
+    uses a stored image itself adds none: its own files lack the image's slots."""
+    if writer.failure is not None or cache.image is not None:
+        return
+    try:
+        cache.save_image(writer.directory / IMAGE_DIR, writer.blocks_written * writer.meta.block_tokens)
+    except OSError as error:
+        log.warning("cannot store the sparse tiers with the document (%s); it is stored without them",
+                    error.strerror or error)
+
+
+def _drop_damaged_image(cache, reuse: PromptReuse | None, error: ChecksumError) -> None:
+    """A stored image found damaged while decoding: the answer stops with the error; the entry is removed."""
+    if isinstance(cache, SparseCache) and cache.image is not None and reuse.store.on_corrupt == "recompute":
+        reuse.store.drop(reuse.match.entry.path, str(error))
 
 
 def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer, on_text, on_token,

@@ -69,13 +69,16 @@ def default_storage_dir() -> Path:
     return cache_dir() / "kv"
 
 
-def make_cache(model, kv_config: KVConfig, max_tokens: int, batch_size: int = 1, model_id: str = "model") -> KVCache:
+def make_cache(model, kv_config: KVConfig, max_tokens: int, batch_size: int = 1, model_id: str = "model",
+               sparse_image: tuple[Path, int] | None = None) -> KVCache:
     """A fresh Cache for one generation of up to `max_tokens` tokens per sequence.
 
     Tiered caches own files: call `.close()` or use the cache as a context manager.
     """
     kv_config = kv_config.validated()
     config = text_config(model)
+    if kv_config.kv == "sparse" and sparse_image is not None:
+        return _sparse_cache(model, config, kv_config, max_tokens, batch_size, model_id, sparse_image)
     return _BUILDERS[kv_config.kv](model, config, kv_config, max_tokens, batch_size, model_id)
 
 
@@ -83,11 +86,13 @@ def _dense_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size
     return DenseCache(config=config)
 
 
-def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> KVCache:
+def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str,
+                  sparse_image: tuple[Path, int] | None = None) -> KVCache:
+    image_dir, image_tokens = sparse_image or (None, 0)
     return make_sparse_cache(
         model, kv_config.sparse_settings(), max_tokens, batch_size, str(_storage_directory(kv_config.storage_dir)),
         parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget), full_attention_layers(config),
-        kv_config.io_threads,
+        kv_config.io_threads, image_dir, image_tokens,
     )
 
 

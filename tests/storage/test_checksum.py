@@ -53,3 +53,18 @@ def test_page_checksums_name_the_first_bad_or_unwritten_page():
     damaged = data[: 3 * PAGE].copy()
     damaged[PAGE + 9] ^= 1
     assert pages.mismatch_at(np.array([2, 3, 4]), damaged).startswith("checksum mismatch in data page 3 (stored 0x")
+
+
+def test_page_checksums_outlive_their_writer_and_a_damaged_table_is_refused():
+    data = np.arange(3 * PAGE, dtype=np.uint8)
+    written = PageChecksums(8)
+    written.record(2, PageChecksums.of(data))
+    kept = written.take([(2, 2)])  # the third page left out: never written as far as the copy knows
+    loaded = PageChecksums.from_bytes(kept.to_bytes(), 8)
+    assert loaded.mismatch(2, data[: 2 * PAGE]) is None
+    assert "never written" in loaded.mismatch(4, data[2 * PAGE :])
+    damaged = bytearray(kept.to_bytes())
+    damaged[3] ^= 0x01
+    for table in (bytes(damaged), kept.to_bytes()[:-1]):
+        with pytest.raises(ValueError, match="damaged"):
+            PageChecksums.from_bytes(table, 8)

@@ -7,6 +7,8 @@ import kvtier
 from kvtier.data.corpus import generate_text
 from kvtier.generation import generate
 from kvtier.modes import KVConfig
+from kvtier.sparse.cache import SparseCache
+from kvtier.sparse.cold_pool import ColdPool
 from kvtier.store import DocumentStore
 
 pytestmark = pytest.mark.model
@@ -40,12 +42,42 @@ def cold_dense(smollm2, document):
     return generate(smollm2, document + QUESTION, NEW_TOKENS, progress=False)
 
 
+def tiered(mode: str, storage_dir) -> KVConfig:
+    return KVConfig(kv=mode, device_kv_budget="8MiB", host_kv_budget="48MiB", storage_dir=str(storage_dir))
+
+
+@pytest.fixture(scope="module")
+def cold_sparse(smollm2, document, tmp_path_factory):
+    return generate(smollm2, document + QUESTION, NEW_TOKENS, tiered("sparse", tmp_path_factory.mktemp("kv")),
+                    progress=False)
+
+
 @pytest.mark.parametrize("mode", ["dense", "offload", "sparse"])
-def test_a_second_question_equals_a_cold_run(smollm2, document, store, cold_dense, tmp_path, mode):
-    config = KVConfig(kv=mode) if mode == "dense" else KVConfig(
-        kv=mode, device_kv_budget="8MiB", host_kv_budget="48MiB", storage_dir=str(tmp_path))
+def test_a_second_question_equals_a_cold_run(smollm2, document, store, cold_dense, cold_sparse, tmp_path, mode):
+    config = KVConfig(kv=mode) if mode == "dense" else tiered(mode, tmp_path)
     # offload is exact (tests/test_generation.py): its cold run is the dense one; sparse selects, so it gets its own
-    cold = generate(smollm2, document + QUESTION, NEW_TOKENS, config, progress=False) if mode == "sparse" else cold_dense
+    cold = cold_sparse if mode == "sparse" else cold_dense
     warm = generate(smollm2, document + QUESTION, NEW_TOKENS, config, progress=False, kv_store=store)
     assert warm.reused_prompt_tokens >= cold.prefill_tokens - 256 - 16
     assert warm.token_ids == cold.token_ids
+
+
+def test_a_document_stored_by_the_sparse_path_is_reused_in_place(smollm2, document, cold_sparse, tmp_path,
+                                                                 monkeypatch):
+    """The first question stores the placed cold pool with the document; the second adopts it, writes none of the
+    document's tokens while its prompt is placed, and answers as the cold run."""
+    config = tiered("sparse", tmp_path)
+    store = DocumentStore(tmp_path / "store")
+    generate(smollm2, document + "\n\nWhat is the text about?", NEW_TOKENS, config, progress=False, kv_store=store)
+    adopted, appended = [], []
+    monkeypatch.setattr(ColdPool, "adopt", lambda pool, layer, positions, adopt=ColdPool.adopt: (
+        adopted.append(len(positions)), adopt(pool, layer, positions)))
+    monkeypatch.setattr(ColdPool, "append", lambda pool, layer, keys, values, positions, append=ColdPool.append: (
+        appended.append(positions.min()), append(pool, layer, keys, values, positions)))
+    marks = []  # appended[marks[0]:marks[1]]: the placement's (later ones are the decode's demotions)
+    monkeypatch.setattr(SparseCache, "place_prompt", lambda cache, place=SparseCache.place_prompt: (
+        marks.append(len(appended)), place(cache), marks.append(len(appended))))
+    warm = generate(smollm2, document + QUESTION, NEW_TOKENS, config, progress=False, kv_store=store)
+    assert warm.token_ids == cold_sparse.token_ids and warm.reused_prompt_tokens >= warm.prefill_tokens - 256 - 16
+    assert len(adopted) == 30 and min(adopted) > 1000  # every layer's cold pool is the stored one
+    assert all(first >= warm.reused_prompt_tokens for first in appended[marks[0] : marks[1]])  # none of the document

@@ -2,7 +2,6 @@
 
 import logging
 import os
-import signal
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from kvtier.store import DocumentStore
 from kvtier.store import entry as entry_module
 from kvtier.store import store as store_module
 from kvtier.store.entry import EntryWriter, read_layers
-from store_entries import BLOCK, block_names, new_meta, prefill_updates
+from store_entries import BLOCK, KilledAt, block_names, new_meta, prefill_updates
 
 
 def publish(store: DocumentStore, keys: list[str], tokens: int, seed: int = 0, digest: str = "digest",
@@ -51,13 +50,13 @@ def test_another_identity_is_ignored_with_a_message(store, caplog):
 def test_least_recently_used_entries_are_evicted_to_stay_under_the_limit(tmp_path):
     store = DocumentStore(tmp_path / "store")
     first, _ = publish(store, keys_for("a", 2), 2 * BLOCK)
-    size = store.entries()[0].meta.nbytes
+    size = store.entries()[0].nbytes  # on disk: its K/V and meta.json
     store = DocumentStore(tmp_path / "store", size_limit=2 * size)
     second, _ = publish(store, keys_for("b", 2), 2 * BLOCK, nbytes=size)
     os.utime(tmp_path / "store" / first / "meta.json", (1, 1))  # the first is older
     third, _ = publish(store, keys_for("c", 2), 2 * BLOCK, nbytes=size)
     assert {entry.id for entry in store.entries()} == {second, third}
-    assert sum(entry.meta.nbytes for entry in store.entries()) <= 2 * size
+    assert sum(entry.nbytes for entry in store.entries()) <= 2 * size
 
 
 def test_a_prompt_larger_than_the_store_is_not_stored(tmp_path, caplog):
@@ -100,28 +99,6 @@ def test_remove_and_clear(store):
     assert store.clear() == 1 and store.entries() == []
 
 
-class _KilledAt:
-    """`os` for the store's modules in a forked writer: SIGKILL itself at the n-th file-changing call."""
-
-    CALLS = ("write", "pwrite", "fsync", "rename", "open", "close")
-
-    def __init__(self, point: int) -> None:
-        self.point, self.calls = point, 0
-
-    def __getattr__(self, name):
-        real = getattr(os, name)
-        if name not in self.CALLS:
-            return real
-
-        def counted(*args, **kwargs):
-            self.calls += 1
-            if self.calls == self.point:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return real(*args, **kwargs)
-
-        return counted
-
-
 def test_a_writer_killed_at_any_point_leaves_a_whole_entry_or_none(tmp_path):
     torch.set_num_threads(1)  # the forked writer must not need the parent's thread pool
     visible = []
@@ -130,7 +107,7 @@ def test_a_writer_killed_at_any_point_leaves_a_whole_entry_or_none(tmp_path):
         DocumentStore(root)
         child = os.fork()
         if child == 0:
-            entry_module.os = store_module.os = direct_file.os = _KilledAt(point)
+            entry_module.os = store_module.os = direct_file.os = KilledAt(point)
             publish(DocumentStore(root), keys_for("a", 3), 3 * BLOCK)
             os._exit(0)
         _, status = os.waitpid(child, 0)

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     store = DocumentStore(getattr(args, "kv_store", None))  # `kvtier store` alone: the default store
     if args.store_action == "remove":
         entry = store.remove(args.id)
-        print(f"removed {entry.id} ({format_size(entry.meta.nbytes)})")
+        print(f"removed {entry.id} ({format_size(entry.nbytes)})")
     elif args.store_action == "clear":
         print(f"removed {store.clear()} entries from {store.root}")
     else:
@@ -37,13 +37,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_entries(store: DocumentStore) -> None:
     entries = store.entries()
-    rows = [(entry.id, str(entry.meta.tokens), format_size(entry.meta.nbytes), entry.meta.identity["model_id"],
+    rows = [(entry.id, str(entry.meta.tokens), format_size(entry.nbytes), entry.meta.identity["model_id"],
              time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used)), _one_line(entry.meta.head))
             for entry in entries]
     widths = [max(len(row[i]) for row in (_COLUMNS, *rows)) for i in range(len(_COLUMNS))]
     for row in (_COLUMNS, *rows):
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-    print(f"{len(entries)} entries, {format_size(sum(entry.meta.nbytes for entry in entries))} in {store.root}")
+    print(f"{len(entries)} entries, {format_size(sum(entry.nbytes for entry in entries))} in {store.root}")
 
 
 def _one_line(text: str) -> str:

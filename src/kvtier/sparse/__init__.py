@@ -25,7 +25,11 @@ Files (one concept each):
     scorer_client.py   host side, the layers' one seam to the scorer: start, request/scores, death/hang
                        detection, host fallback, restart
     hot_pool.py        HotPool (torch, host DRAM)
-    cold_pool.py       ColdPool: host bookkeeping and I/O of the cold files, crc32c per page
+    cold_pool.py       ColdPool: host bookkeeping and I/O of the cold files, crc32c per page; a stored image's files
+                       as a read-only base under them
+    cold_image.py      a placed prompt's cold pool, placement and hit table stored with a document KV store entry,
+                       checked and opened for use in place
+    stored_sketches.py the scorer's reads of sketches lying in a stored image and the run's own file
     background_writes.py  the moves' cold writes off the critical path; a layer settles its own before reading
     hit_table.py       HKM hit table, 2 bytes per token (hits with decay, step of the last selection)
     migration.py       BKP policies (hit table vs naive instantaneous scores), ping-pong meter

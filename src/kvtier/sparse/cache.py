@@ -14,6 +14,7 @@ Sliding-window layers (Gemma 3) keep their bounded window on the device.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
@@ -22,6 +23,7 @@ from kvtier.errors import ConfigError
 from kvtier.kv.contract import SelectiveKVCache
 from kvtier.kv.geometry import model_geometry, text_config
 from kvtier.sparse import attention
+from kvtier.sparse.cold_image import ColdImage, save_image
 from kvtier.sparse.layer import SparseLayer
 from kvtier.sparse.runtime import SparseRuntime
 from kvtier.sparse.settings import SparseSettings
@@ -63,6 +65,17 @@ class SparseCache(Cache, SelectiveKVCache):
             if isinstance(layer, SparseLayer) and layer.tokens and not layer.distributed:
                 layer.distribute()
 
+    def save_image(self, directory: Path, tokens: int) -> None:
+        """After `place_prompt`: write the placed tiers of positions < `tokens` into `directory` (a stored
+        document's sparse image, cold_image.py)."""
+        layers = sorted((layer for layer in self.layers if isinstance(layer, SparseLayer)), key=lambda layer: layer.tier)
+        save_image(directory, self.runtime, layers, tokens)
+
+    @property
+    def image(self) -> ColdImage | None:
+        """The stored sparse image this cache uses in place, if any."""
+        return self.runtime.image
+
     def watch_attended(self, callback: Callable[[int, np.ndarray], None] | None) -> None:
         """Call `callback(layer_idx, positions [B, n])` with the positions each decode step attends (evaluation)."""
         self.runtime.on_attend = callback
@@ -88,8 +101,9 @@ class SparseCache(Cache, SelectiveKVCache):
 
 def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_size: int, storage_dir: str,
                       device_budget: int, host_budget: int, tiered_layers: list[int],
-                      io_threads: int = 8) -> SparseCache:
-    """A SparseCache for up to `max_tokens` tokens per sequence of `model`."""
+                      io_threads: int = 8, image_dir: Path | None = None, image_tokens: int = 0) -> SparseCache:
+    """A SparseCache for up to `max_tokens` tokens per sequence of `model`; `image_dir`: a stored sparse image of
+    the first `image_tokens` prompt tokens, used in place if it fits these settings (SparseRuntime)."""
     settings = settings.validated()
     config = text_config(model)
     geometry = model_geometry(model, tiered_layers)
@@ -104,7 +118,7 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
     max_hot = max(0, host_budget // per_token - settings.demote_batch)
     attention.install(model)
     runtime = SparseRuntime(settings, max_tokens, batch_size, heads, config.num_attention_heads, head_dim,
-                            model.dtype, len(tiered_layers), storage_dir, max_hot, io_threads)
+                            model.dtype, len(tiered_layers), storage_dir, max_hot, io_threads, image_dir, image_tokens)
     layers = []
     for index in range(config.num_hidden_layers):
         if index in tiered_layers:

@@ -16,6 +16,13 @@ placement (`append_later`, `replace_later`) run on a background thread
 (background_writes.py); `settle(layer)` waits for a layer's before it is read. Every page of
 the K|V file carries a crc32c kept in host memory and checked on every fetch
 (record_file.py), every page of a fetch in one compiled call.
+
+With a `base` (a stored document's image, cold_image.py), `adopt` hands a layer's
+first slots to the base's read-only files: the prompt's cold tokens are not
+written again. A later write of any slot goes to this pool's own files and sets
+the slot's bit in the channel's `overlay` mask, so the image is never modified
+(other processes may be reading it); fetches and the scorer read each slot
+where its bytes are.
 """
 
 from __future__ import annotations
@@ -38,17 +45,22 @@ class ColdPool:
     """Cold tokens of every tiered layer and sequence; slots 0..used[layer]-1 are occupied."""
 
     def __init__(self, directory: str, layers: int, batch: int, slots: int, heads: int, head_dim: int,
-                 dtype: torch.dtype, fmt: SketchFormat, io: IOEngine, channel: Channel) -> None:
+                 dtype: torch.dtype, fmt: SketchFormat, io: IOEngine, channel: Channel,
+                 base: RecordFile | None = None) -> None:
+        """`base`: a stored image's K|V records (read-only), the slots `adopt` hands it until they are rewritten."""
         self.heads, self.head_dim, self.dtype, self.fmt = heads, head_dim, dtype, fmt
         self.channel = channel
         self.io = io
+        self.base = base
         self.writes = BackgroundWrites()
         self.token_bytes = heads * head_dim * torch.empty(0, dtype=dtype).element_size()
         stem = os.path.join(directory, f"sparse-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self.kv = RecordFile(stem + ".kv", RecordLayout(2 * self.token_bytes, layers, batch, slots), io,
                              page_checksums=True)
         try:
-            self.sketches = RecordFile(stem + ".sketch", RecordLayout(fmt.record_bytes, layers, batch, slots), io)
+            # page crcs of the sketches too: a stored image persists them for the scorer (cold_image.py)
+            self.sketches = RecordFile(stem + ".sketch", RecordLayout(fmt.record_bytes, layers, batch, slots), io,
+                                       page_checksums=True)
         except BaseException:
             self.kv.remove()
             raise
@@ -73,6 +85,14 @@ class ColdPool:
             self._write(layer, seq, slots, keys[seq], values[seq])
         self.positions[layer][:, slots] = positions
         self.used[layer] += count
+        self.channel.versions[layer] += 1
+
+    def adopt(self, layer: int, positions: np.ndarray) -> None:
+        """The first len(positions) slots of `layer` (sequence 0) are the base's, holding tokens at `positions`."""
+        count = len(positions)
+        self.positions[layer, 0, :count] = positions
+        self.channel.overlay[layer, 0, :count] = 0
+        self.used[layer] = count
         self.channel.versions[layer] += 1
 
     def replace(self, layer: int, seq: int, slots: np.ndarray, keys: torch.Tensor, values: torch.Tensor,
@@ -101,6 +121,7 @@ class ColdPool:
         records = torch.cat([_bytes(token_keys), _bytes(values.transpose(0, 1).contiguous())], dim=1).numpy()
         self.kv.write_records(layer, seq, slots, records)
         self.sketches.write_records(layer, seq, slots, quantize(token_keys.float().numpy(), self.fmt))
+        self.channel.overlay[layer, seq, slots] = 1  # before the slots are published: readers go to this run's files
 
     # ----- reading -----
 
@@ -117,11 +138,32 @@ class ColdPool:
                      seqs: list[int] | None = None) -> Callable[[], list[tuple[torch.Tensor, torch.Tensor, int]]]:
         """`fetch_many` with the reads queued now: returns the function that waits for them (the host works meanwhile)."""
         seqs = list(range(len(slots_by_seq))) if seqs is None else seqs
+        if self.base is not None:
+            return self._submit_layered(layer, slots_by_seq, seqs)
         pending = self.kv.submit_many(layer, list(zip(seqs, slots_by_seq)))
 
         def result() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
             read = pending.result()  # every page verified
             return [self._tokens(slots, records, pages) for slots, (records, pages) in zip(slots_by_seq, read)]
+
+        return result
+
+    def _submit_layered(self, layer: int, slots_by_seq: list[np.ndarray],
+                        seqs: list[int]) -> Callable[[], list[tuple[torch.Tensor, torch.Tensor, int]]]:
+        """`submit_fetch` over the base and this run's file: each slot read where its bytes are (the overlay)."""
+        own = [self.channel.overlay[layer, seq, slots].astype(bool) for seq, slots in zip(seqs, slots_by_seq)]
+        own_reads = self.kv.submit_many(layer, [(seq, slots[mine]) for seq, slots, mine in zip(seqs, slots_by_seq, own)])
+        base_reads = self.base.submit_many(layer, [(seq, slots[~mine])
+                                                   for seq, slots, mine in zip(seqs, slots_by_seq, own)])
+
+        def result() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+            fetched = []
+            for slots, mine, (own_records, own_pages), (base_records, base_pages) in zip(
+                    slots_by_seq, own, own_reads.result(), base_reads.result()):
+                records = np.empty((len(slots), self.kv.layout.record_bytes), dtype=np.uint8)
+                records[mine], records[~mine] = own_records, base_records
+                fetched.append(self._tokens(slots, records, own_pages + base_pages))
+            return fetched
 
         return result
 
@@ -137,6 +179,8 @@ class ColdPool:
         self.writes.close()
         self.kv.remove()
         self.sketches.remove()
+        if self.base is not None:
+            self.base.close()  # the stored image's: closed, never removed
 
 
 def _bytes(tokens: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ import torch
 
 from kvtier.kv.gather import take_tokens
 from kvtier.kv.windowed import WindowedLayer
+from kvtier.sparse.cold_image import ImagedLayer
 from kvtier.sparse.hit_table import HitTable
 from kvtier.sparse.hot_pool import HotPool, importance
 from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
@@ -76,19 +77,48 @@ class SparseLayer(WindowedLayer):
         self._scaling = scaling
 
     def place(self, pool: slice) -> None:
-        """Split the prompt's middle between hot pool and cold pool by observation-window importance (APP's sizes)."""
-        if pool.stop > pool.start:
-            importance = self._importance()[:, pool].numpy()
-            hot_index, cold_index = split_hot_cold(importance, self.runtime.hot_tokens_for(importance))
-            pool_keys, pool_values = self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu()
-            self.hot.append(take_tokens(pool_keys, hot_index), take_tokens(pool_values, hot_index),
-                            hot_index + pool.start)
-            if cold_index.shape[1]:
-                self.runtime.cold.append(self.tier, take_tokens(pool_keys, cold_index),
-                                         take_tokens(pool_values, cold_index), cold_index + pool.start)
-            positions = np.arange(pool.start, pool.stop)[None, :].repeat(len(importance), axis=0)
-            self.table.seed(positions, seed_hits(importance, self.runtime.settings.alpha))
+        """Split the prompt's middle between hot pool and cold pool by observation-window importance (APP's sizes).
+        With a stored image, the positions it covers are placed as it placed them, and only the rest is split."""
+        image = self.runtime.image
+        if image is not None:
+            imaged = min(image.tokens, pool.stop)
+            self._restore(image.layers[self.tier], imaged)
+            rest = slice(imaged, pool.stop)
+            if rest.stop - rest.start <= self.runtime.hot_tokens - self.hot.used:
+                self._admit_rest(rest)  # a question's few tokens: ranking them would score the window on every key
+            else:
+                self._split(rest)
+        elif pool.stop > pool.start:
+            self._split(pool)
         self._observation = None
+
+    def _split(self, pool: slice) -> None:
+        """Place the pool's tokens hot or cold by observation-window importance, within the hot pool's room."""
+        importance = self._importance()[:, pool].numpy()
+        hot_count = min(self.runtime.hot_tokens_for(importance), self.runtime.hot_tokens - self.hot.used)
+        hot_index, cold_index = split_hot_cold(importance, hot_count)
+        pool_keys, pool_values = self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu()
+        self.hot.append(take_tokens(pool_keys, hot_index), take_tokens(pool_values, hot_index), hot_index + pool.start)
+        if cold_index.shape[1]:
+            self.runtime.cold.append(self.tier, take_tokens(pool_keys, cold_index), take_tokens(pool_values, cold_index),
+                                     cold_index + pool.start)
+        positions = np.arange(pool.start, pool.stop)[None, :].repeat(len(importance), axis=0)
+        self.table.seed(positions, seed_hits(importance, self.runtime.settings.alpha))
+
+    def _restore(self, stored: ImagedLayer, imaged: int) -> None:
+        """Place positions [sink, imaged) as `stored` placed them: its cold slots are adopted where they lie (nothing
+        is written), its hot positions are taken from the prompt's K/V, its hit table is restored."""
+        hot_positions = stored.hot[stored.hot < imaged][None, :]
+        index = torch.from_numpy(hot_positions[0])
+        self.hot.append(self.keys[:, :, index].cpu(), self.values[:, :, index].cpu(), hot_positions)
+        self.runtime.cold.adopt(self.tier, stored.cold[: np.searchsorted(stored.cold, imaged)])
+        self.table.hits[0, :imaged], self.table.idle[0, :imaged] = stored.hits[:imaged], stored.idle[:imaged]
+
+    def _admit_rest(self, pool: slice) -> None:
+        """The pool's tokens after the image, all hot, as tokens leaving the recent window enter the hot pool."""
+        positions = np.arange(pool.start, pool.stop)[None, :]
+        self.hot.append(self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu(), positions)
+        self.table.seed(positions, np.ones(positions.shape, dtype=np.uint8))
 
     def _importance(self) -> torch.Tensor:
         if self._observation is None:  # a prompt fed token by token: no window, keep newer tokens hot

@@ -17,6 +17,7 @@ Segment layout (all views are numpy arrays over one mmap):
     cold_used int64 [layers]               cold tokens per sequence of each layer (host-written, before the version)
     query     float32 [batch, heads, q_per_head, head_dim]
     positions int32 [layers, batch, slots] token position held by each cold slot (host-written)
+    overlay   uint8 [layers, batch, slots] 1: the slot was written by this run, 0: still a stored image's
     results   (position int32, score float32) [batch, slots]
 """
 
@@ -57,6 +58,7 @@ class ChannelSpec:
             ("cold_used", np.dtype(np.int64), (self.layers,)),
             ("query", np.dtype(np.float32), (self.batch, self.heads, self.q_per_head, self.head_dim)),
             ("positions", np.dtype(np.int32), (self.layers, self.batch, self.slots)),
+            ("overlay", np.dtype(np.uint8), (self.layers, self.batch, self.slots)),
             ("results", RESULT_DTYPE, (self.batch, self.slots)),
         ]
 

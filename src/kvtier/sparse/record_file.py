@@ -17,8 +17,10 @@ holding them, short gaps bridged (storage/pages.py).
 With `page_checksums`, the file keeps in memory a crc32c of every page it
 wrote and checks every page it reads against it (fetches and the edge pages
 of a read-modify-write alike), all pages of a read in one compiled call
-(storage/crc32c_units.c), not one Python call per record or page. Only the writing process can check them: the K|V file has
-them, the sketch file (read by the scorer process) does not.
+(storage/crc32c_units.c), not one Python call per record or page. Both
+cold-pool files keep them; a stored image persists them (cold_image.py), so a
+file opened read-only with `stored_pages` is checked by another process too
+(the scorer checks a stored image's sketches the same way).
 """
 
 from __future__ import annotations
@@ -69,14 +71,18 @@ class RecordFile:
     """Read and write records of one RecordLayout through an IOEngine (O_DIRECT where the FS allows)."""
 
     def __init__(self, path: str, layout: RecordLayout, io: IOEngine, create: bool = True,
-                 page_checksums: bool = False) -> None:
+                 page_checksums: bool = False, stored_pages: PageChecksums | None = None) -> None:
+        """`stored_pages`: open read-only a file another process wrote (a stored cold-pool image), every page read
+        checked against these crcs; it is never written through, so several processes may read it at once."""
         self.path = path
         self.layout = layout
         self.io = io
-        self.pages = PageChecksums(layout.file_bytes // PAGE) if page_checksums else None
+        self.pages = stored_pages if stored_pages is not None else \
+            PageChecksums(layout.file_bytes // PAGE) if page_checksums else None
         self._read_buffer = aligned_buffer(0)  # reused by fetches (result() copies out); grown on demand
         self._reading = False
-        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        create = create and stored_pages is None
+        flags = os.O_RDONLY if stored_pages is not None else os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
         try:
             self._fd, self.direct = open_direct(path, flags)
         except OSError as error:

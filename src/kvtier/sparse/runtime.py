@@ -9,10 +9,12 @@ scorer and the hot pool score with.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from kvtier.sparse.cold_image import ColdImage, image_key
 from kvtier.sparse.cold_pool import ColdPool
 from kvtier.sparse.migration import make_policy
 from kvtier.sparse.planner import Plan, Throughputs, load_or_calibrate, plan_split, predicted_times
@@ -30,8 +32,11 @@ class SparseRuntime:
 
     def __init__(self, settings: SparseSettings, max_tokens: int, batch: int, heads: int, q_heads: int,
                  head_dim: int, dtype: torch.dtype, tiered: int, storage_dir: str, max_hot_tokens: int,
-                 io_threads: int) -> None:
+                 io_threads: int, image_dir: Path | None = None, image_tokens: int = 0) -> None:
+        """`image_dir`: a stored sparse image (cold_image.py) for the first `image_tokens` prompt tokens, used in place
+        when it was made with these settings."""
         self.settings = settings
+        self.tiered, self.batch = tiered, batch
         self.max_tokens = max_tokens
         self.max_hot_tokens = max_hot_tokens
         self.storage_dir = storage_dir
@@ -46,16 +51,22 @@ class SparseRuntime:
         q_per_head = 1 if settings.aggregation == "sum" else self.group
         self.channel = Channel.create(ChannelSpec(batch, tiered, heads, q_per_head, head_dim, max_tokens))
         self.io = IOEngine(io_threads)
+        # a stored image's reads get an engine of their own: a fetch has one batch in flight on each file at once
+        self.stored_io = IOEngine(io_threads) if image_dir is not None else None
         self.fmt = SketchFormat.for_keys(settings.score_bits, heads, head_dim)
         self.cold: ColdPool | None = None
         self.scorer: ScorerClient | None = None
         try:
+            self.image = ColdImage.open(image_dir, image_key(self), image_tokens) if image_dir is not None else None
+            if self.image is not None:
+                self.plan = Plan(**self.image.plan)
             self.cold = ColdPool(storage_dir, tiered, batch, max_tokens, heads, head_dim, dtype, self.fmt, self.io,
-                                 self.channel)
+                                 self.channel, self.image.kv_file(self.stored_io) if self.image is not None else None)
             self.scorer = ScorerClient(self.channel, self.cold.sketches.path, self.cold.sketches.layout, self.fmt,
                                        settings.aggregation, settings.score_block_tokens, settings.scorer_io_threads,
                                        settings.scorer_memory_budget,
-                                       crash_after_blocks=settings.crash_scorer_after_blocks)
+                                       crash_after_blocks=settings.crash_scorer_after_blocks,
+                                       stored=self.image.scorer_config() if self.image is not None else None)
         except BaseException:
             self.close()
             raise
@@ -98,6 +109,8 @@ class SparseRuntime:
         """Disk bytes moved by the host (writes, K/V fetches) and by the scorer (sketch reads)."""
         stats = self.io.stats.snapshot()
         stats.bytes_read += int(self.channel.control[CONTROL_SCORER_READ_BYTES])
+        if self.stored_io is not None:
+            stats.bytes_read += self.stored_io.stats.snapshot().bytes_read
         return stats
 
     def close(self) -> None:
@@ -108,4 +121,6 @@ class SparseRuntime:
             self.cold.close()
             self.cold = None
         self.io.close()
+        if self.stored_io is not None:
+            self.stored_io.close()
         self.channel.close()

@@ -53,14 +53,15 @@ class ScorerClient:
 
     def __init__(self, channel: Channel, sketch_path: str, layout: RecordLayout, fmt: SketchFormat, aggregation: str,
                  block_tokens: int, io_threads: int = 2, memory_budget: int = 0, max_restarts: int = 3,
-                 response_timeout_s: float = 60.0, crash_after_blocks: int = -1) -> None:
+                 response_timeout_s: float = 60.0, crash_after_blocks: int = -1, stored: dict | None = None) -> None:
+        """`stored`: a stored image's sketches (ColdImage.scorer_config), scored in place where not rewritten."""
         self.channel = channel
         self.config = {
             "channel": channel.spec.to_dict(), "channel_fd": channel.fd, "sketch_path": sketch_path,
             "layout": layout.to_dict(), "format": {"bits": fmt.bits, "heads": fmt.heads, "head_dim": fmt.head_dim,
                                                    "group": fmt.group},
             "aggregation": aggregation, "block_tokens": block_tokens, "io_threads": io_threads,
-            "memory_budget": memory_budget, "crash_after_blocks": crash_after_blocks,
+            "memory_budget": memory_budget, "crash_after_blocks": crash_after_blocks, "stored": stored,
         }
         self.max_restarts = max_restarts
         self.response_timeout_s = response_timeout_s
@@ -216,7 +217,9 @@ class ScorerClient:
         self._stop_process()
         self.process = None
         if self._fallback is not None:
-            _, io, fd = self._fallback
+            scorer, io, fd = self._fallback
+            if scorer.stored is not None:
+                scorer.stored.close()
             io.close()
             os.close(fd)
             self._fallback = None

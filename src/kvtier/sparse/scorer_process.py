@@ -28,6 +28,7 @@ from kvtier.sparse.protocol import OP_STOP, REQUEST, RESPONSE, STATUS_FAILED, ST
 from kvtier.sparse.record_file import RecordLayout, open_for_reading
 from kvtier.sparse.sketch import SketchFormat
 from kvtier.sparse.sketch_scorer import SketchScorer
+from kvtier.sparse.stored_sketches import StoredSketches
 from kvtier.storage import IOEngine
 
 
@@ -43,6 +44,7 @@ def build_scorer(config: dict, channel: Channel, fd: int, io: IOEngine) -> Sketc
         io,
         memory_budget=config["memory_budget"],
         crash_after_blocks=config.get("crash_after_blocks", -1),
+        stored=StoredSketches(config["stored"]) if config.get("stored") else None,
     )
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from kvtier.sparse.protocol import CONTROL_COLD_TOKENS, CONTROL_SCORER_READ_BYTES, Channel
 from kvtier.sparse.record_file import RecordLayout
 from kvtier.sparse.sketch import SketchFormat, dequantize, score_keys
+from kvtier.sparse.stored_sketches import StoredSketches
 from kvtier.storage import IOEngine, aligned_buffer
 
 
@@ -55,8 +56,10 @@ class SketchScorer:
     """Reads sketches through `fd` and writes `<position, score>` blocks into `channel.results`."""
 
     def __init__(self, fd: int, layout: RecordLayout, fmt: SketchFormat, channel: Channel, aggregation: str,
-                 block_tokens: int, io: IOEngine, memory_budget: int = 0, crash_after_blocks: int = -1) -> None:
+                 block_tokens: int, io: IOEngine, memory_budget: int = 0, crash_after_blocks: int = -1,
+                 stored: StoredSketches | None = None) -> None:
         self.fd = fd
+        self.stored = stored  # a stored image's sketches, read in place where the channel's overlay is 0
         self.layout = layout
         self.fmt = fmt
         self.channel = channel
@@ -124,14 +127,22 @@ class SketchScorer:
             else:
                 from_disk.append(seq)
                 records[seq] = self._buffers[seq][: count * self.layout.record_bytes].reshape(count, self.layout.record_bytes)
-        nbytes = self.layout.prefix_bytes(count)
-        if nbytes and from_disk:
-            self.io.read_runs(self.fd, [(self.layout.region_offset(layer, seq), [memoryview(self._buffers[seq][:nbytes])])
-                                        for seq in from_disk])
-            self.channel.control[CONTROL_SCORER_READ_BYTES] += nbytes * len(from_disk)
+        if count and from_disk:
+            self.channel.control[CONTROL_SCORER_READ_BYTES] += self._read(layer, count, from_disk)
         for seq in from_disk:
             self._remember(layer, seq, version, records[seq])
         return [dequantize(records[seq], self.fmt, out=self._keys_out[seq]) for seq in seqs]
+
+    def _read(self, layer: int, count: int, seqs: list[int]) -> int:
+        """The first `count` sketches of each of `seqs` into their buffers, read together; the bytes read."""
+        if self.stored is not None:
+            return sum(self.stored.read_layered(self.io, self.fd, self.layout, layer, seq,
+                                                self.channel.overlay[layer, seq, :count].copy(), self._buffers[seq])
+                       for seq in seqs)
+        nbytes = self.layout.prefix_bytes(count)
+        self.io.read_runs(self.fd, [(self.layout.region_offset(layer, seq), [memoryview(self._buffers[seq][:nbytes])])
+                                    for seq in seqs])
+        return nbytes * len(seqs)
 
     def _remember(self, layer: int, seq: int, version: int, records: np.ndarray) -> None:
         """Keep this region's freshly read sketches if the emulated on-board memory has room."""

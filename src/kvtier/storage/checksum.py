@@ -97,3 +97,27 @@ class PageChecksums:
             return f"data page {number} was never written"
         stored = int(self._crcs[number])
         return f"checksum mismatch in data page {number} (stored 0x{stored:08x}, read 0x{int(found[first]):08x})"
+
+    def take(self, runs: list[tuple[int, int]]) -> PageChecksums:
+        """A table of the same size holding only the pages of `runs` (first page, count); the rest unwritten."""
+        kept = PageChecksums(len(self._crcs))
+        for first, count in runs:
+            kept._crcs[first : first + count] = self._crcs[first : first + count]
+            kept._written[first : first + count] = self._written[first : first + count]
+        return kept
+
+    def to_bytes(self) -> bytes:
+        """The table for a file that outlives its writer: crcs, written flags, then a crc32c of both."""
+        body = self._crcs.tobytes() + self._written.tobytes()
+        return body + np.uint32(checksum(body)).tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, num_pages: int) -> PageChecksums:
+        """The table `to_bytes` wrote for `num_pages` pages; ValueError when it is cut short or fails its crc."""
+        body_bytes = num_pages * 5
+        if len(data) != body_bytes + 4 or checksum(data[:body_bytes]) != int(np.frombuffer(data[body_bytes:], "<u4")[0]):
+            raise ValueError("page checksum table damaged")
+        table = cls(num_pages)
+        table._crcs[:] = np.frombuffer(data, "<u4", num_pages)
+        table._written[:] = np.frombuffer(data, np.bool_, num_pages, offset=num_pages * 4)
+        return table

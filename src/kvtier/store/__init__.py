@@ -7,7 +7,11 @@ published as one entry; a later run, in any process, whose prompt starts with
 a stored prefix reads those blocks back (O_DIRECT, every record's crc32c
 verified), feeds them to its cache as a prefill would, and runs only the rest
 of the prompt through the model. Every KV mode prefills densely, so one entry
-serves dense, offload and sparse alike.
+serves dense, offload and sparse alike. A `--kv sparse` run that publishes also
+stores its placed tiers in the entry (`sparse/`, written by kvtier.sparse.cold_image
+before the rename that publishes the entry); a later sparse run uses that cold
+pool in place instead of placing the prefix again. The store treats the
+directory as part of the entry (size, removal) and knows nothing of its format.
 
     keys.py     what an entry is keyed on: the bytes' identity, the tokens chained per block
     meta.py     an entry's meta.json: identity, block keys, layer shapes, record checksums

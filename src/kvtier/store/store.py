@@ -48,6 +48,11 @@ class StoredEntry:
     meta: EntryMeta
     last_used: float
 
+    @property
+    def nbytes(self) -> int:
+        """Disk bytes of the entry: its K/V and what a KV mode stored with it (the sparse path's tier image)."""
+        return disk_bytes(self.path)
+
 
 @dataclass
 class Match:
@@ -142,6 +147,7 @@ class DocumentStore:
         """Complete the entry and make it visible under its id; None if it could not be (the reason is logged)."""
         try:
             writer.finish()
+            self._evict_until_free(disk_bytes(writer.directory))  # room was made for its K/V; now for all of it
             entry_id = writer.meta.blocks[-1][:20]
             try:
                 os.rename(writer.directory, self.root / entry_id)
@@ -179,13 +185,14 @@ class DocumentStore:
 
     def _evict_until_free(self, nbytes: int) -> None:
         entries = self.entries()
-        total = sum(entry.meta.nbytes for entry in entries)
+        sizes = {entry.id: entry.nbytes for entry in entries}
+        total = sum(sizes.values())
         for entry in reversed(entries):  # least recently used first
             if total + nbytes <= self.size_limit:
                 return
-            log.info("KV store full: evicting %s (%s)", entry.id, format_size(entry.meta.nbytes))
+            log.info("KV store full: evicting %s (%s)", entry.id, format_size(sizes[entry.id]))
             self._remove(entry.path)
-            total -= entry.meta.nbytes
+            total -= sizes[entry.id]
 
     def _remove(self, path: Path) -> None:
         trash = self.root / f"{_TRASH}{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -208,6 +215,17 @@ class DocumentStore:
             pid = _writer_pid(name) if name.startswith((_TEMPORARY, _TRASH)) else None
             if pid is not None and not process_exists(pid):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def disk_bytes(directory: Path) -> int:
+    """Bytes the files under `directory` occupy (holes not counted); 0 for what another process removed meanwhile."""
+    total = 0
+    for path in directory.rglob("*"):
+        try:
+            total += path.stat().st_blocks * 512 if path.is_file() else 0
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def _common_blocks(stored: list[str], keys: list[str], limit: int) -> int:

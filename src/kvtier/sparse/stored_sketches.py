@@ -1,0 +1,71 @@
+"""Key sketches that lie in two files: a stored image's (read-only, checked per page) and the run's own.
+
+A run that reuses a stored sparse image (cold_image.py) scores cold slots whose
+sketches are still the image's, read in place, and slots it has written since
+(demotions, promotion swaps: the channel's `overlay` mask), read from its own
+file. A region's prefix is read from the image in one large read and every
+page of it is checked against the image's persisted crcs; the pages of the own
+file holding overlay slots are read next and their records copied over.
+Imports no torch: it runs in the scorer process.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from kvtier.errors import ChecksumError
+from kvtier.sparse.record_file import RecordLayout, open_for_reading
+from kvtier.storage import PAGE, IOEngine, aligned_buffer
+from kvtier.storage.checksum import PageChecksums
+from kvtier.storage.pages import pages_holding
+
+
+class StoredSketches:
+    """The stored image's sketch file, read-only, with the crc of every page it holds."""
+
+    def __init__(self, config: dict) -> None:
+        self.path = config["path"]
+        self.layout = RecordLayout(**config["layout"])
+        with open(config["pages_path"], "rb") as file:
+            self.pages = PageChecksums.from_bytes(file.read(), self.layout.file_bytes // PAGE)
+        self.fd, _ = open_for_reading(self.path)
+
+    def read_layered(self, io: IOEngine, own_fd: int, own_layout: RecordLayout, layer: int, seq: int,
+                     overlay: np.ndarray, buffer: np.ndarray) -> int:
+        """The first len(overlay) sketches of (layer, seq) into `buffer` (page-aligned): the image's where `overlay`
+        is 0, the own file's where it is 1; the bytes read. Raises ChecksumError when an image page fails."""
+        stored = np.flatnonzero(overlay == 0)
+        nbytes = self.layout.prefix_bytes(int(stored[-1]) + 1) if len(stored) else 0
+        if nbytes:
+            io.read_runs(self.fd, [(self.layout.region_offset(layer, seq), [memoryview(buffer[:nbytes])])])
+            first = self.layout.region_offset(layer, seq) // PAGE
+            problem = self.pages.mismatch(first, buffer[:nbytes])
+            if problem is not None:
+                raise ChecksumError(f"{self.path}: stored sketches of layer {layer}: {problem}; the KV store entry "
+                                    "is damaged")
+        own = np.flatnonzero(overlay)
+        return nbytes + (_patch_own(io, own_fd, own_layout, layer, seq, own, buffer) if len(own) else 0)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _patch_own(io: IOEngine, fd: int, layout: RecordLayout, layer: int, seq: int, slots: np.ndarray,
+               buffer: np.ndarray) -> int:
+    """Read the own file's pages holding `slots` and copy those records into `buffer`; the bytes read."""
+    rec = layout.record_bytes
+    pages = pages_holding(slots, rec)
+    starts = np.flatnonzero(np.diff(pages, prepend=-2) != 1)
+    counts = np.diff(np.append(starts, len(pages)))
+    scratch = aligned_buffer(len(pages) * PAGE)
+    base = layout.region_offset(layer, seq)
+    io.read_runs(fd, [(base + int(pages[start]) * PAGE, [memoryview(scratch[start * PAGE : (start + count) * PAGE])])
+                      for start, count in zip(starts.tolist(), counts.tolist())])
+    at = np.searchsorted(pages, slots * rec // PAGE) * PAGE + slots * rec % PAGE
+    records = buffer[: (int(slots[-1]) + 1) * rec].reshape(-1, rec)
+    records[slots] = np.lib.stride_tricks.sliding_window_view(scratch, rec)[at]
+    return len(pages) * PAGE

@@ -1,0 +1,167 @@
+"""`--kv sparse` and the store: a stored document's cold pool is used where it lies, checked, never rewritten."""
+
+import hashlib
+import logging
+import os
+
+import pytest
+import torch
+
+from kvtier.errors import ChecksumError
+from kvtier.generation import generate
+from kvtier.modes import KVConfig
+from kvtier.sparse import cold_image
+from kvtier.sparse.cold_image import IMAGE_DIR, CorruptImage
+from kvtier.sparse.cold_pool import ColdPool
+from kvtier.store import DocumentStore
+from kvtier.store import entry as entry_module
+from kvtier.store import store as store_module
+from kvtier.storage import PAGE, direct_file
+from store_entries import KilledAt
+
+NEW_TOKENS = 6
+FIRST, SECOND = "What is it about ?", "Name one place ."
+
+
+@pytest.fixture()
+def sparse(tmp_path) -> KVConfig:
+    return KVConfig(kv="sparse", device_kv_budget="64KiB", host_kv_budget="256KiB", storage_dir=str(tmp_path))
+
+
+def ask(llm, document, store, question, config, new_tokens=NEW_TOKENS):
+    return generate(llm, f"{document} {question}", new_tokens, config, progress=False, kv_store=store)
+
+
+def image_files(store) -> dict[str, str]:
+    (entry,) = store.entries()
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in (entry.path / IMAGE_DIR).iterdir()}
+
+
+def test_a_second_question_uses_the_stored_cold_pool_in_place(tiny_llm, document, store, sparse, monkeypatch):
+    ask(tiny_llm, document, store, FIRST, sparse)
+    stored = image_files(store)
+    assert {"cold.kv", "cold.sketch", "cold.kv.crc", "cold.sketch.crc", "tables.npz", "image.json"} <= set(stored)
+    cold = generate(tiny_llm, f"{document} {SECOND}", 24, sparse, progress=False)
+    adopted = []
+    monkeypatch.setattr(ColdPool, "adopt", lambda pool, layer, positions, adopt=ColdPool.adopt: (
+        adopted.append(len(positions)), adopt(pool, layer, positions)))
+    warm = ask(tiny_llm, document, store, SECOND, sparse, 24)
+    assert warm.reused_prompt_tokens > 0 and warm.token_ids == cold.token_ids
+    assert len(adopted) == 2 and min(adopted) > 0  # every tiered layer took its cold slots from the image
+    assert warm.disk_bytes_written > 0  # the decode's moves were written (to the run's own files) ...
+    assert image_files(store) == stored  # ... and the image is as it was
+
+
+def test_the_image_counts_toward_the_stores_bound(tiny_llm, document, tmp_path, sparse):
+    store = DocumentStore(tmp_path / "store")
+    ask(tiny_llm, document, store, FIRST, sparse)
+    (entry,) = store.entries()
+    assert entry.nbytes > entry.meta.nbytes + 2 * PAGE  # kv.bin, meta.json and the image's cold records
+    bounded = DocumentStore(tmp_path / "store", size_limit=entry.nbytes)
+    other = KVConfig(**{**vars(sparse), "kv": "dense"})
+    ask(tiny_llm, "Name one place . " * 200, bounded, FIRST, other)  # another document: the first is evicted
+    assert len(bounded.entries()) == 1 and bounded.entries()[0].id != entry.id
+
+
+def test_placement_after_reuse_writes_no_token_of_the_stored_prefix(tiny_llm, document, store, sparse, monkeypatch):
+    ask(tiny_llm, document, store, FIRST, sparse)
+    written = []
+    monkeypatch.setattr(ColdPool, "append", lambda pool, layer, keys, values, positions, append=ColdPool.append: (
+        written.append(positions), append(pool, layer, keys, values, positions)))
+    warm = ask(tiny_llm, document, store, SECOND, sparse, new_tokens=1)  # prefill and placement only
+    assert all((positions >= warm.reused_prompt_tokens).all() for positions in written)  # only the question's
+
+
+def test_a_partly_shared_prompt_places_the_rest_itself(tiny_llm, document, store, sparse):
+    """A prompt sharing only the document's first blocks: the image covers those, the rest is split as in a cold run
+    (the hot pool stays within its budget)."""
+    ask(tiny_llm, document, store, FIRST, sparse)
+    changed = document[: len(document) // 3] + " Name one place . " * 120
+    cold = generate(tiny_llm, f"{changed} {SECOND}", NEW_TOKENS, sparse, progress=False)
+    warm = ask(tiny_llm, changed, store, SECOND, sparse)
+    assert 0 < warm.reused_prompt_tokens < warm.prefill_tokens / 2 and warm.token_ids == cold.token_ids
+    assert warm.kv_bytes["host"] <= cold.kv_bytes["host"] + 64 * 2 * 2 * 2 * 16 * 4  # + one demote batch
+
+
+def test_another_sparse_layout_is_ignored_with_a_message(tiny_llm, document, store, sparse, caplog):
+    ask(tiny_llm, document, store, FIRST, sparse)
+    int4 = KVConfig(**{**vars(sparse), "score_bits": 4})
+    cold = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, int4, progress=False)
+    with caplog.at_level(logging.WARNING):
+        warm = ask(tiny_llm, document, store, SECOND, int4)
+    assert "other sparse settings" in caplog.text and "bits" in caplog.text
+    assert warm.reused_prompt_tokens > 0 and warm.token_ids == cold.token_ids and len(store.entries()) == 1
+
+
+@pytest.mark.parametrize("damage", ["flip image.json", "flip tables.npz", "flip cold.kv.crc", "flip cold.sketch.crc",
+                                    "truncate cold.kv", "truncate cold.sketch", "remove tables.npz"])
+def test_a_damaged_image_is_reported_dropped_and_recomputed(tiny_llm, document, store, sparse, caplog, damage):
+    ask(tiny_llm, document, store, FIRST, sparse)
+    cold = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, sparse, progress=False)
+    _damage(store, damage)
+    with caplog.at_level(logging.WARNING):
+        warm = ask(tiny_llm, document, store, SECOND, sparse)
+    assert "damaged" in caplog.text and warm.reused_prompt_tokens == 0 and warm.token_ids == cold.token_ids
+    (fresh,) = store.entries()  # the recomputed prompt stored again, with a whole image
+    assert ask(tiny_llm, document, store, FIRST, sparse).reused_prompt_tokens > 0
+
+
+@pytest.mark.parametrize("damage", ["flip cold.kv", "flip cold.sketch"])
+def test_damaged_stored_records_found_while_decoding_stop_with_an_error(tiny_llm, document, store, sparse, damage):
+    """Cold records are checked when a step reads them (reading them all up front would read the whole pool)."""
+    ask(tiny_llm, document, store, FIRST, sparse)
+    cold = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, sparse, progress=False)
+    _damage(store, damage)
+    with pytest.raises(ChecksumError, match="checksum mismatch"):
+        ask(tiny_llm, document, store, SECOND, sparse)
+    assert store.entries() == []  # dropped: the next question recomputes
+    assert ask(tiny_llm, document, store, SECOND, sparse).token_ids == cold.token_ids
+
+
+def test_on_corrupt_fail_raises_and_keeps_the_entry(tiny_llm, document, tmp_path, sparse):
+    store = DocumentStore(tmp_path / "store", on_corrupt="fail")
+    ask(tiny_llm, document, store, FIRST, sparse)
+    _damage(store, "flip tables.npz")
+    with pytest.raises(CorruptImage, match="tables.npz: fails its checksum"):
+        ask(tiny_llm, document, store, SECOND, sparse)
+    assert len(store.entries()) == 1
+
+
+def test_a_writer_killed_while_storing_the_image_leaves_a_whole_entry_or_none(tiny_llm, document, tmp_path, sparse):
+    torch.set_num_threads(1)  # the forked writer must not need the parent's thread pool
+    visible, point = [], 0
+    while not visible or visible[-1][0]:  # every other file call of the cache, its image and the entry, until one
+        point += 2                        # run goes past the last
+        root = tmp_path / f"store-{point}"
+        child = os.fork()
+        if child == 0:
+            cold_image.os = entry_module.os = store_module.os = direct_file.os = KilledAt(point)
+            ask(tiny_llm, document, DocumentStore(root), FIRST, sparse, new_tokens=1)
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+        store = DocumentStore(root)  # removes what the dead writer left
+        assert not [path for path in root.iterdir() if path.name.startswith(".")]
+        if store.entries():
+            assert (store.entries()[0].path / IMAGE_DIR / "image.json").exists()  # the image is part of the publish
+            assert ask(tiny_llm, document, store, SECOND, sparse, new_tokens=2).reused_prompt_tokens > 0
+            assert len(store.entries()) == 1  # its image opened: nothing was reported damaged
+        visible.append((os.WIFSIGNALED(status), bool(store.entries())))
+    assert (True, False) in visible and (True, True) in visible and visible[-1] == (False, True)
+
+
+def _damage(store, how: str) -> None:
+    action, name = how.split(" ")
+    (entry,) = store.entries()
+    path = entry.path / IMAGE_DIR / name
+    if action == "remove":
+        path.unlink()
+    elif action == "truncate":
+        os.truncate(path, path.stat().st_size - PAGE)
+    elif name in ("cold.kv", "cold.sketch"):  # a byte in every stored page: whichever a step reads is damaged
+        data = bytearray(path.read_bytes())
+        data[7::PAGE] = bytes(byte ^ 0x10 for byte in data[7::PAGE])
+        path.write_bytes(bytes(data))
+    else:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
