@@ -46,3 +46,12 @@ def test_seed_sets_hits_and_resets_idle():
     assert table.hits.tolist() == [[1, 0, 0, 1, 0], [1, 2, 2, 0, 0]]
     assert table.idle(EVERY, EVERY)[:, 1:].tolist() == [[1, 1, 0, 0], [0, 0, 1, 1]]
     assert table.idle_rows(np.array([[4, 1], [2, 3]])).tolist() == [[0, 1], [0, 1]]
+
+
+def test_restore_sets_hits_and_idle_of_the_first_positions():
+    table = HitTable(batch=1, capacity=6)
+    for _ in range(10):
+        table.record(np.array([[5]]))
+    table.restore(np.array([3, 0, 7]), np.array([0, 4, 250]))
+    assert table.hits[0, :3].tolist() == [3, 0, 7]
+    assert table.idle(0, np.arange(3)).tolist() == [0, 4, OLDEST]  # clamped: the count must not wrap later

@@ -1,6 +1,6 @@
 """Block keys chain the prefix: equal up to the first differing block, never equal across identities."""
 
-from kvtier.store.keys import StoreIdentity, block_keys, document_key
+from kvtier.store.keys import StoreIdentity, block_keys, block_tokens_for, document_key
 
 IDENTITY = StoreIdentity("m@abc", "m@abc", "float32", "cpu")
 
@@ -27,3 +27,11 @@ def test_another_model_dtype_or_layout_never_shares_a_key():
     for other in others:
         assert not mine & set(block_keys(other.digest(), ids, other.block_tokens))
     assert document_key(ids) == document_key(ids + [1, 2]) != document_key([9] + ids)
+
+
+def test_blocks_are_the_fewest_tokens_whose_records_are_whole_pages():
+    assert block_tokens_for(head_dim=64, item_bytes=4) == 16  # 4 KiB per head's K or V
+    assert block_tokens_for(head_dim=64, item_bytes=2) == 32
+    assert block_tokens_for(head_dim=256, item_bytes=4) == 16  # never below the floor
+    assert block_tokens_for(head_dim=80, item_bytes=2) == 128  # 20 KiB: the first power of two that is whole pages
+    assert block_tokens_for(head_dim=3, item_bytes=1) == 4096  # bounded: 4096 tokens are whole pages at any size

@@ -101,7 +101,7 @@ def _imaged_layer(layer, runtime, tokens: int) -> ImagedLayer:
     cold = runtime.cold.positions[layer.tier, 0, : int(runtime.cold.used[layer.tier])].astype(np.int64)
     hot = np.sort(layer.hot.positions[0, : layer.hot.used])
     return ImagedLayer(cold[: np.searchsorted(cold, limit)], hot[hot < limit], layer.table.hits[0, :limit].copy(),
-                       layer.table.idle[0, :limit].copy())
+                       layer.table.idle(0, np.arange(limit)))
 
 
 def _copy_regions(file: RecordFile, target: Path, counts: list[int]) -> list[tuple[int, int]]:

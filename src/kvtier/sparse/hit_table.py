@@ -53,6 +53,12 @@ class HitTable:
         self.hits[self._rows, positions] = hits.astype(np.uint8)
         self.stamp[self._rows, positions] = self.steps % 256
 
+    def restore(self, hits: np.ndarray, idle: np.ndarray) -> None:
+        """Sequence 0's first len(hits) positions take these hit counts and idle steps (a stored image's table)."""
+        count = len(hits)
+        self.hits[0, :count] = hits
+        self.stamp[0, :count] = (self.steps - np.minimum(idle, OLDEST).astype(np.int64)) % 256
+
     def record(self, selected: np.ndarray) -> None:
         """One decode step: the tokens at `selected` [batch, k] positions were chosen."""
         self.steps += 1

@@ -112,7 +112,7 @@ class SparseLayer(WindowedLayer):
         index = torch.from_numpy(hot_positions[0])
         self.hot.append(self.keys[:, :, index].cpu(), self.values[:, :, index].cpu(), hot_positions)
         self.runtime.cold.adopt(self.tier, stored.cold[: np.searchsorted(stored.cold, imaged)])
-        self.table.hits[0, :imaged], self.table.idle[0, :imaged] = stored.hits[:imaged], stored.idle[:imaged]
+        self.table.restore(stored.hits[:imaged], stored.idle[:imaged])
 
     def _admit_rest(self, pool: slice) -> None:
         """The pool's tokens after the image, all hot, as tokens leaving the recent window enter the hot pool."""

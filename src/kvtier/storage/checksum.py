@@ -26,6 +26,11 @@ def checksum(buf: Any) -> int:
     return crc32c.crc32c(byte_view(buf)) & 0xFFFFFFFF
 
 
+def unit_checksums(data: np.ndarray, unit: int) -> np.ndarray:
+    """The CRC32C of each `unit`-byte piece of `data` (contiguous bytes, whole units), uint32, in one call."""
+    return np.frombuffer(_crc32c_units.units(data, unit), dtype=np.uint32)
+
+
 class ChecksumTable:
     """Page-aligned in-memory image of the on-disk checksum table, indexed by block slot."""
 
@@ -58,8 +63,8 @@ class PageChecksums:
     """In-memory CRC32C of every page of a block file's data region, for reads of single pages.
 
     A block's stored crc covers the whole block, so a read of a few of its pages cannot be checked
-    against it. These are recorded as blocks are written through one open file object and are not
-    persisted: only the process that wrote the blocks can read their pages one by one.
+    against it. These are recorded as blocks are written through one open file object; a file that
+    outlives its writer (a stored sparse image) keeps them beside it (`to_bytes` / `from_bytes`).
     """
 
     def __init__(self, num_pages: int) -> None:
@@ -69,7 +74,7 @@ class PageChecksums:
     @staticmethod
     def of(data: np.ndarray) -> np.ndarray:
         """The crc of each page of `data` (flat bytes, a whole number of pages), uint32, in one call."""
-        return np.frombuffer(_crc32c_units.units(data, PAGE), dtype=np.uint32)
+        return unit_checksums(data, PAGE)
 
     def record(self, first_page: int, crcs: np.ndarray) -> None:
         """Pages first_page.. now hold data with these crcs (call once the data is on disk)."""

@@ -2,7 +2,8 @@
 
 Chat with a long document asks one document many questions; each question's
 prompt starts with the same tokens, whose K/V are the same (attention is
-causal). After a prefill, the prompt's whole blocks of `BLOCK_TOKENS` tokens are
+causal). After a prefill, the prompt's whole blocks (16 tokens, or the fewest that make a record whole pages:
+keys.block_tokens_for) are
 published as one entry; a later run, in any process, whose prompt starts with
 a stored prefix reads those blocks back (O_DIRECT, every record's crc32c
 verified), feeds them to its cache as a prefill would, and runs only the rest

@@ -20,9 +20,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from kvtier.storage import IOEngine, aligned_buffer, checksum, fsync_directory, open_direct
+from kvtier.storage.checksum import unit_checksums
 from kvtier.store.meta import KV, META, CorruptEntry, EntryMeta
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -104,13 +106,14 @@ def read_layers(directory: Path, meta: EntryMeta, blocks: int, io: IOEngine) -> 
         size = os.fstat(fd).st_size
         if size != meta.nbytes:
             raise CorruptEntry(f"{directory / KV}: truncated ({size} bytes of {meta.nbytes})")
+        stored = np.asarray(meta.crc32c, dtype=np.uint32)
         for layer in range(len(meta.layers)):
-            yield (layer, *_read_layer(fd, directory, meta, blocks, layer, io))
+            yield (layer, *_read_layer(fd, directory, meta, stored, blocks, layer, io))
     finally:
         os.close(fd)
 
 
-def _read_layer(fd: int, directory: Path, meta: EntryMeta, blocks: int, layer: int,
+def _read_layer(fd: int, directory: Path, meta: EntryMeta, stored: np.ndarray, blocks: int, layer: int,
                 io: IOEngine) -> tuple[torch.Tensor, torch.Tensor]:
     heads, head_dim = meta.layers[layer]
     record = meta.record_bytes(layer)
@@ -119,10 +122,11 @@ def _read_layer(fd: int, directory: Path, meta: EntryMeta, blocks: int, layer: i
                       for kind in (0, 1) for head in range(heads)])
     for kind in (0, 1):
         for head in range(heads):
-            for block in range(blocks):
-                if checksum(buffer[kind, head, block]) != meta.crc32c[meta.record_index(layer, kind, head, block)]:
-                    raise CorruptEntry(f"{directory / KV}: block {block} layer {layer} {'KV'[kind]} head {head} "
-                                       "fails its checksum")
+            first = meta.record_index(layer, kind, head, 0)  # a head's blocks are consecutive records
+            bad = np.flatnonzero(unit_checksums(buffer[kind, head].reshape(-1), record) != stored[first : first + blocks])
+            if bad.size:
+                raise CorruptEntry(f"{directory / KV}: block {bad[0]} layer {layer} {'KV'[kind]} head {head} "
+                                   "fails its checksum")
     tokens = torch.from_numpy(buffer).view(DTYPES[meta.dtype]).reshape(2, 1, heads, blocks * meta.block_tokens, head_dim)
     return tokens[0], tokens[1]
 

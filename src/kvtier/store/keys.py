@@ -18,10 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
+from kvtier.kv.geometry import model_geometry
 from kvtier.models.install import file_sha256
+from kvtier.storage import PAGE
 
 FORMAT_VERSION = 1  # of the entry layout (entry.py); bumping it makes every older entry a non-match
-BLOCK_TOKENS = 256  # tokens per stored block: a question reuses the document up to the block it starts in
+MIN_BLOCK_TOKENS = 16  # a question reuses its document up to the block it starts in (docs/decisions.md)
+DOCUMENT_TOKENS = 256  # the leading tokens that tell a user a store holds this document for another model
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class StoreIdentity:
     weights: str  # digest of the weight files (the GGUF's sha256 is already in model_id)
     dtype: str
     device: str  # cpu, cuda: kernels differ in rounding
-    block_tokens: int = BLOCK_TOKENS
+    block_tokens: int = MIN_BLOCK_TOKENS
     format_version: int = FORMAT_VERSION
 
     def digest(self) -> str:
@@ -41,11 +44,21 @@ class StoreIdentity:
 
 def identity_of(llm) -> StoreIdentity:
     """The identity of a loaded model's KV."""
+    geometry = model_geometry(llm.model)
     return StoreIdentity(llm.model_id, _weights_digest(llm), str(llm.dtype).removeprefix("torch."),
-                         llm.model.device.type)
+                         llm.model.device.type, block_tokens_for(geometry.head_dim, geometry.itemsize))
 
 
-def block_keys(identity_digest: str, ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[str]:
+def block_tokens_for(head_dim: int, item_bytes: int) -> int:
+    """Tokens per stored block: the fewest (a power of two, at least MIN_BLOCK_TOKENS) that make one head's K or V
+    of a block whole 4 KiB pages, so that O_DIRECT reads land in place (entry.py)."""
+    tokens = MIN_BLOCK_TOKENS
+    while tokens < PAGE and tokens * head_dim * item_bytes % PAGE:
+        tokens *= 2
+    return tokens
+
+
+def block_keys(identity_digest: str, ids: Sequence[int], block_tokens: int) -> list[str]:
     """The chained key of every whole block of `ids`."""
     tokens = np.asarray(ids, dtype=np.int64)
     keys, previous = [], identity_digest
@@ -55,9 +68,9 @@ def block_keys(identity_digest: str, ids: Sequence[int], block_tokens: int = BLO
     return keys
 
 
-def document_key(ids: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> str:
-    """The first block's tokens alone: tells a user that a store holds this document for another model."""
-    return _sha256(np.asarray(ids[:block_tokens], dtype=np.int64).tobytes())
+def document_key(ids: Sequence[int]) -> str:
+    """The leading tokens alone: tells a user that a store holds this document for another model."""
+    return _sha256(np.asarray(ids[:DOCUMENT_TOKENS], dtype=np.int64).tobytes())
 
 
 def _weights_digest(llm) -> str:
