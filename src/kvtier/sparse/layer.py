@@ -85,7 +85,8 @@ class SparseLayer(WindowedLayer):
             self._restore(image.layers[self.tier], imaged)
             rest = slice(imaged, pool.stop)
             if rest.stop - rest.start <= self.runtime.hot_tokens - self.hot.used:
-                self._admit_rest(rest)  # a question's few tokens: ranking them would score the window on every key
+                # a question's few tokens: ranking them would score the window on every key
+                self.admit(self.keys[:, :, rest], self.values[:, :, rest], np.arange(rest.start, rest.stop))
             else:
                 self._split(rest)
         elif pool.stop > pool.start:
@@ -113,12 +114,6 @@ class SparseLayer(WindowedLayer):
         self.hot.append(self.keys[:, :, index].cpu(), self.values[:, :, index].cpu(), hot_positions)
         self.runtime.cold.adopt(self.tier, stored.cold[: np.searchsorted(stored.cold, imaged)])
         self.table.restore(stored.hits[:imaged], stored.idle[:imaged])
-
-    def _admit_rest(self, pool: slice) -> None:
-        """The pool's tokens after the image, all hot, as tokens leaving the recent window enter the hot pool."""
-        positions = np.arange(pool.start, pool.stop)[None, :]
-        self.hot.append(self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu(), positions)
-        self.table.seed(positions, np.ones(positions.shape, dtype=np.uint8))
 
     def _importance(self) -> torch.Tensor:
         if self._observation is None:  # a prompt fed token by token: no window, keep newer tokens hot
