@@ -112,7 +112,7 @@ class RecordFile:
 
     def submit_many(self, layer: int, requests: Sequence[tuple[int, np.ndarray]]) -> PendingRecords:
         """`read_many` queued now (kernel AIO where available); `result()` waits, verifies and cuts out records."""
-        plans = [_PagePlan(np.asarray(slots, dtype=np.int64), self.layout.record_bytes) for _, slots in requests]
+        plans = [PagePlan(np.asarray(slots, dtype=np.int64), self.layout.record_bytes) for _, slots in requests]
         firsts = np.cumsum([0] + [len(plan.pages) for plan in plans])  # each plan's first page in the buffer
         buffer = self._take_read_buffer(int(firsts[-1]) * PAGE)
         runs = [plan.runs(self.layout.region_offset(layer, seq), int(first))
@@ -200,7 +200,7 @@ class RecordFile:
 class PendingRecords:
     """Records of `RecordFile.submit_many` while their pages are read."""
 
-    def __init__(self, file: RecordFile, layer: int, seqs: list[int], plans: list[_PagePlan], firsts: np.ndarray,
+    def __init__(self, file: RecordFile, layer: int, seqs: list[int], plans: list[PagePlan], firsts: np.ndarray,
                  buffer: np.ndarray, read) -> None:
         self.file, self.layer, self.seqs, self.plans, self.firsts = file, layer, seqs, plans, firsts
         self.buffer, self.read = buffer, read
@@ -219,7 +219,7 @@ class PendingRecords:
             self.file._release_read_buffer(self.buffer)
 
 
-class _PagePlan:
+class PagePlan:
     """The pages holding some records of one region, and where each record lands once they are read."""
 
     def __init__(self, slots: np.ndarray, record_bytes: int) -> None:

@@ -16,10 +16,9 @@ import os
 import numpy as np
 
 from kvtier.errors import ChecksumError
-from kvtier.sparse.record_file import RecordLayout, open_for_reading
+from kvtier.sparse.record_file import PagePlan, RecordLayout, open_for_reading
 from kvtier.storage import PAGE, IOEngine, aligned_buffer
 from kvtier.storage.checksum import PageChecksums
-from kvtier.storage.pages import pages_holding
 
 
 class StoredSketches:
@@ -57,15 +56,11 @@ class StoredSketches:
 def _patch_own(io: IOEngine, fd: int, layout: RecordLayout, layer: int, seq: int, slots: np.ndarray,
                buffer: np.ndarray) -> int:
     """Read the own file's pages holding `slots` and copy those records into `buffer`; the bytes read."""
-    rec = layout.record_bytes
-    pages = pages_holding(slots, rec)
-    starts = np.flatnonzero(np.diff(pages, prepend=-2) != 1)
-    counts = np.diff(np.append(starts, len(pages)))
-    scratch = aligned_buffer(len(pages) * PAGE)
-    base = layout.region_offset(layer, seq)
-    io.read_runs(fd, [(base + int(pages[start]) * PAGE, [memoryview(scratch[start * PAGE : (start + count) * PAGE])])
-                      for start, count in zip(starts.tolist(), counts.tolist())])
-    at = np.searchsorted(pages, slots * rec // PAGE) * PAGE + slots * rec % PAGE
-    records = buffer[: (int(slots[-1]) + 1) * rec].reshape(-1, rec)
-    records[slots] = np.lib.stride_tricks.sliding_window_view(scratch, rec)[at]
-    return len(pages) * PAGE
+    plan = PagePlan(slots, layout.record_bytes)
+    scratch = aligned_buffer(len(plan.pages) * PAGE)
+    offsets, lengths, starts = plan.runs(layout.region_offset(layer, seq), 0)
+    io.read_runs(fd, [(offset, [memoryview(scratch[start : start + length])])
+                      for offset, length, start in zip(offsets.tolist(), lengths.tolist(), starts.tolist())])
+    records = buffer[: (int(slots[-1]) + 1) * layout.record_bytes].reshape(-1, layout.record_bytes)
+    records[slots] = plan.gather(scratch, 0)
+    return len(plan.pages) * PAGE
