@@ -7,7 +7,7 @@ import pytest
 
 from kvtier.storage import direct_file
 from kvtier.storage.aligned import aligned_buffer
-from kvtier.storage.direct_file import drop_page_cache, open_direct
+from kvtier.storage.direct_file import drop_page_cache, open_direct, write_new_file
 from kvtier.storage.geometry import PAGE
 
 
@@ -89,3 +89,12 @@ def test_drop_page_cache_evicts_the_file(tmp_path, cached_pages):
         assert cached_pages(path) == 0
     finally:
         os.close(fd)
+
+
+def test_write_new_file_creates_and_never_overwrites(tmp_path):
+    path = tmp_path / "meta.json"
+    write_new_file(path, b"first")
+    assert path.read_bytes() == b"first"
+    with pytest.raises(FileExistsError):
+        write_new_file(path, b"second")
+    assert path.read_bytes() == b"first"

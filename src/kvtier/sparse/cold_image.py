@@ -20,7 +20,6 @@ hot pool is taken from the replayed prefix K/V by the stored positions.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import shutil
@@ -31,8 +30,9 @@ import numpy as np
 
 from kvtier.errors import StorageError
 from kvtier.sparse.record_file import RecordFile, RecordLayout
-from kvtier.storage import PAGE, IOEngine, checksum, fsync_directory
+from kvtier.storage import PAGE, IOEngine, checksum, fsync_directory, write_new_file
 from kvtier.storage.checksum import PageChecksums
+from kvtier.storage.sealed_json import BrokenSeal, seal, unseal
 
 log = logging.getLogger(__name__)
 IMAGE_DIR = "sparse"
@@ -76,14 +76,13 @@ def save_image(directory: Path, runtime, layers: list, tokens: int) -> None:
         files = [(cold.kv, KV), (cold.sketches, SKETCH)]
         for file, name in files:
             runs = _copy_regions(file, directory / name, [len(layer.cold) for layer in imaged])
-            _write_file(directory / (name + CRC), file.pages.take(runs).to_bytes())
+            write_new_file(directory / (name + CRC), file.pages.take(runs).to_bytes())
         tables = _tables_bytes(imaged)
-        _write_file(directory / TABLES, tables)
-        body = json.dumps({"key": image_key(runtime), "tokens": min(_placed_until(layer, tokens) for layer in layers),
-                           "plan": asdict(runtime.plan), "kv_layout": cold.kv.layout.to_dict(),
-                           "sketch_layout": cold.sketches.layout.to_dict(), "tables_crc32c": checksum(tables)},
-                          sort_keys=True)
-        _write_file(directory / META, json.dumps({"body": body, "crc32c": checksum(body.encode())}).encode())
+        write_new_file(directory / TABLES, tables)
+        write_new_file(directory / META, seal({
+            "key": image_key(runtime), "tokens": min(_placed_until(layer, tokens) for layer in layers),
+            "plan": asdict(runtime.plan), "kv_layout": cold.kv.layout.to_dict(),
+            "sketch_layout": cold.sketches.layout.to_dict(), "tables_crc32c": checksum(tables)}))
         fsync_directory(directory)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
@@ -139,15 +138,6 @@ def _tables_bytes(imaged: list[ImagedLayer]) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return buffer.getvalue()
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ColdImage:
@@ -206,11 +196,9 @@ def _read(path: Path) -> bytes:
 
 def _read_meta(path: Path) -> dict:
     try:
-        wrapper = json.loads(_read(path))
-        body = wrapper["body"]
-        if checksum(body.encode()) != wrapper["crc32c"]:
-            raise CorruptImage(f"{path}: fails its checksum")
-        return json.loads(body)
+        return unseal(_read(path))
+    except BrokenSeal as error:
+        raise CorruptImage(f"{path}: {error}") from None
     except (ValueError, KeyError, TypeError) as error:
         raise CorruptImage(f"{path}: unreadable ({error.__class__.__name__})") from None
 

@@ -39,6 +39,16 @@ def drop_page_cache(fd: int) -> None:
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
+def write_new_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """Create `path` (it must not exist) holding `data`, fsynced: one step of write, fsync, rename."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
     """Make a rename or a new file in `directory` durable (write, fsync, rename, then this)."""
     fd = os.open(directory, os.O_RDONLY)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvtier.storage import IOEngine, aligned_buffer, checksum, fsync_directory, open_direct
+from kvtier.storage import IOEngine, aligned_buffer, checksum, fsync_directory, open_direct, write_new_file
 from kvtier.storage.checksum import unit_checksums
 from kvtier.store.meta import KV, META, CorruptEntry, EntryMeta
 
@@ -83,12 +83,7 @@ class EntryWriter:
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
-        meta_fd = os.open(self.directory / META, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(meta_fd, self.meta.to_bytes())
-            os.fsync(meta_fd)
-        finally:
-            os.close(meta_fd)
+        write_new_file(self.directory / META, self.meta.to_bytes())
         fsync_directory(self.directory)
 
     def abandon(self) -> None:

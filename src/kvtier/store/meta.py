@@ -6,13 +6,13 @@ crc32c of its own body: a damaged meta.json is a damaged entry, never a guess.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
 from kvtier.errors import StorageError
-from kvtier.storage import PAGE, checksum
+from kvtier.storage import PAGE
+from kvtier.storage.sealed_json import BrokenSeal, seal, unseal
 
 META, KV = "meta.json", "kv.bin"
 ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -83,17 +83,14 @@ class EntryMeta:
                                    f"{self.dtype} is not a whole number of 4 KiB pages")
 
     def to_bytes(self) -> bytes:
-        body = json.dumps(asdict(self), sort_keys=True)
-        return json.dumps({"body": body, "crc32c": checksum(body.encode())}).encode()
+        return seal(asdict(self))
 
     @classmethod
     def parse(cls, data: bytes, where: Path) -> EntryMeta:
         try:
-            wrapper = json.loads(data)
-            body = wrapper["body"]
-            if checksum(body.encode()) != wrapper["crc32c"]:
-                raise CorruptEntry(f"{where}: fails its checksum")
-            return cls(**json.loads(body))
+            return cls(**unseal(data))
+        except BrokenSeal as error:
+            raise CorruptEntry(f"{where}: {error}") from None
         except (ValueError, KeyError, TypeError) as error:
             raise CorruptEntry(f"{where}: unreadable ({error.__class__.__name__})") from None
 
