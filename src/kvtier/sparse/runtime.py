@@ -51,8 +51,7 @@ class SparseRuntime:
         q_per_head = 1 if settings.aggregation == "sum" else self.group
         self.channel = Channel.create(ChannelSpec(batch, tiered, heads, q_per_head, head_dim, max_tokens))
         self.io = IOEngine(io_threads)
-        # a stored image's reads get an engine of their own: a fetch has one batch in flight on each file at once
-        self.stored_io = IOEngine(io_threads) if image_dir is not None else None
+        self.stored_io: IOEngine | None = None
         self.fmt = SketchFormat.for_keys(settings.score_bits, heads, head_dim)
         self.cold: ColdPool | None = None
         self.scorer: ScorerClient | None = None
@@ -60,6 +59,8 @@ class SparseRuntime:
             self.image = ColdImage.open(image_dir, image_key(self), image_tokens) if image_dir is not None else None
             if self.image is not None:
                 self.plan = Plan(**self.image.plan)
+                # the image's reads get an engine of their own: a fetch has one batch in flight on each file at once
+                self.stored_io = IOEngine(io_threads)
             self.cold = ColdPool(storage_dir, tiered, batch, max_tokens, heads, head_dim, dtype, self.fmt, self.io,
                                  self.channel, self.image.kv_file(self.stored_io) if self.image is not None else None)
             self.scorer = ScorerClient(self.channel, self.cold.sketches.path, self.cold.sketches.layout, self.fmt,
