@@ -9,7 +9,7 @@ import torch
 
 from kvtier.kv.geometry import full_attention_layers
 from kvtier.modes import KVConfig, make_cache
-from kvtier.storage import KVGeometry
+from kvtier.storage import PAGE, KVGeometry
 from kvtier.storage.pages import pages_holding
 
 MODES = ("h2o", "infinigen", "leoam")
@@ -69,7 +69,7 @@ class Attended:
     tokens: int  # tokens of the layer, the new one included
     stored_tokens: int  # pool tokens on disk
     disk_blocks: int  # disk blocks holding attended tokens, summed over sequences
-    disk_pages: int  # 4 KiB pages holding them (gaps of one page bridged), summed over sequences
+    disk_bytes: int  # bytes of the file's pages (read units) holding them (gaps of one bridged), summed over sequences
     extra: object = None  # what `watch(..., also=)` read off the layer
 
 
@@ -82,8 +82,10 @@ def watch(cache, also: Callable | None = None) -> list[Attended]:
         pool, block = positions - layer.sink_tokens, layer.runtime.capacity.block_tokens
         on_disk = [np.unique(row[(row >= 0) & (row < layer.stored_tokens)]) for row in pool]
         blocks = sum(len(np.unique(tokens // block)) for tokens in on_disk)
-        pages = sum(len(pages_holding(tokens, TOKEN_BYTES)) for tokens in on_disk)
-        seen.append(Attended(layer_idx, positions.copy(), layer.tokens, layer.stored_tokens, blocks, pages,
+        file = layer.runtime.kv.file
+        page = file.page_bytes if file.page_checksums else PAGE  # (disk_bytes is not read then: blocks are)
+        nbytes = sum(len(pages_holding(tokens, TOKEN_BYTES, page=page)) * page for tokens in on_disk)
+        seen.append(Attended(layer_idx, positions.copy(), layer.tokens, layer.stored_tokens, blocks, nbytes,
                              also(layer) if also else None))
 
     cache.watch_attended(record)

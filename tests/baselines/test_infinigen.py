@@ -62,10 +62,10 @@ def test_only_the_chosen_tokens_pages_are_read(tiny_llama, tmp_path):
     prompt = ids(2, 250, 3)
     kv_config = config("infinigen", tmp_path, tiny_llama, 254, alpha=0.02, batch=2)  # few tokens: few pages
     _, seen, read, _ = run_watched(tiny_llama, kv_config, prompt, 4)
-    chosen_pages = sum(step.disk_pages for step in seen)
-    all_pages = sum(2 * step.stored_tokens * 128 // PAGE for step in seen)
-    assert read == 2 * chosen_pages * PAGE  # K and V of each page holding a chosen token (or bridging), nothing else
-    assert 0 < chosen_pages < all_pages
+    chosen_bytes = sum(step.disk_bytes for step in seen)
+    all_bytes = sum(2 * step.stored_tokens * 128 for step in seen)
+    assert read == 2 * chosen_bytes  # K and V of each page holding a chosen token (or bridging), nothing else
+    assert 0 < chosen_bytes < all_bytes
 
 
 def test_page_reads_of_multi_page_blocks_read_less_and_give_the_same_logits(tiny_llama, tmp_path, monkeypatch):
@@ -75,5 +75,5 @@ def test_page_reads_of_multi_page_blocks_read_less_and_give_the_same_logits(tiny
     monkeypatch.setattr(runtime, "pages_fill_blocks", lambda geometry, block_tokens: False)  # whole blocks instead
     block_logits, _, block_read, _ = run_watched(tiny_llama, kv_config, prompt, 4)
     assert torch.equal(logits, block_logits)
-    pages, blocks = sum(step.disk_pages for step in seen), sum(step.disk_blocks for step in seen)
-    assert read == 2 * pages * PAGE and block_read == 2 * blocks * 4 * PAGE and read < block_read
+    nbytes, blocks = sum(step.disk_bytes for step in seen), sum(step.disk_blocks for step in seen)
+    assert read == 2 * nbytes and block_read == 2 * blocks * 4 * PAGE and read < block_read

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kvtier.baselines.store import SelectiveStore
-from kvtier.storage import PAGE, IOEngine, K, KVBlockFile, KVGeometry, V
+from kvtier.storage import PAGE, SECTOR, IOEngine, K, KVBlockFile, KVGeometry, V
 
 # 3 KV heads x 64 dims x fp16 = 384 bytes per token (smollm2-135m's K or V): a 64-token block is 6 pages,
 # and tokens straddle page boundaries (4096 / 384 is not whole).
@@ -39,9 +39,10 @@ def test_chosen_tokens_land_in_their_rows_and_cost_only_their_pages(store):
     before = store.file.io.stats.snapshot()
     store.read_tokens(1, rows, (K, V), buffer=1)
     moved = store.file.io.stats.minus(before)
-    # sequence 0: token 5 in page 0, 10 straddles pages 0-1, 100 in page 9, 191 in page 17; sequence 1: 0 and
-    # 64 in pages 0 and 6: 4 + 2 pages per kind (no gap of one page to bridge)
-    assert moved.bytes_read == 2 * 6 * PAGE
+    # 4 KiB pages: sequence 0: token 5 in page 0, 10 straddles pages 0-1, 100 in page 9, 191 in page 17;
+    # sequence 1: 0 and 64 in pages 0 and 6: 4 + 2 pages per kind (no gap of one page to bridge).
+    # Sectors: tokens 5 and 10 straddle two each (3-4, 7-8), 100, 191, 0 and 64 lie in one: 8 per kind
+    assert moved.bytes_read == (2 * 6 * PAGE if store.file.page_bytes == PAGE else 2 * 8 * SECTOR)
     for kind, tensor in ((K, keys), (V, values)):
         got = store.tokens(kind, buffer=1).permute(0, 2, 1, 3)
         for seq, row in enumerate(rows):

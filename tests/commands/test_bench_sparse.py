@@ -30,7 +30,7 @@ def test_sparse_and_offload_side_by_side(tiny_model_dir, tmp_path, capsys):
     assert all(len(ratios) == 2 and min(ratios) > 0 for ratios in result["round_ratios"].values())
     # No byte comparison here: the tiny model's 256-byte records put 16 tokens in a page, so a fifth of the
     # tokens touches most pages; the saving is measured on real models by the benchmark itself.
-    assert offload["direct"] == sparse["direct"] and sparse["cold_pages_read_per_step"] > 0
+    assert offload["direct"] == sparse["direct"] and sparse["cold_bytes_fetched_per_step"] > 0
     assert sparse["io_backend"] in ("kernel-aio", "threads")
     assert set(sparse["breakdown_ms"]) == {"score", "fetch", "attention", "migrate", "rest"}
     assert 0 < sparse["cold_selection_rate"] < 1 and sparse["scorer_host_fallbacks"] == 0

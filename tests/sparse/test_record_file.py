@@ -1,13 +1,34 @@
+import os
 from contextlib import contextmanager
 
 import numpy as np
+import pytest
 
+from kvtier.sparse import record_file
 from kvtier.sparse.record_file import RecordFile, RecordLayout
-from kvtier.storage import PAGE, IOEngine
+from kvtier.storage import PAGE, SECTOR, IOEngine, direct_read_unit, open_direct, round_up
+
+
+@pytest.fixture(params=[SECTOR, PAGE], ids=["sectors", "pages"])
+def page(request, monkeypatch, tmp_path):
+    """Each test runs with both read units: 4 KiB pages forced (as where O_DIRECT refuses sectors), and sectors
+    where this filesystem takes them."""
+    if request.param == PAGE:
+        monkeypatch.setattr(record_file, "direct_read_unit", lambda fd, direct: PAGE)
+        return PAGE
+    fd, direct = open_direct(tmp_path / "probe", os.O_RDWR | os.O_CREAT)
+    try:
+        os.posix_fallocate(fd, 0, PAGE)
+        if direct_read_unit(fd, direct) != SECTOR:
+            pytest.skip(f"{tmp_path}: O_DIRECT does not take 512-byte reads here")
+    finally:
+        os.close(fd)
+        os.unlink(tmp_path / "probe")
+    return SECTOR
 
 
 def _read(file, layer, seq, slots):
-    """Records at `slots` of one region and the pages read."""
+    """Records at `slots` of one region and the bytes read."""
     return file.read_many(layer, [(seq, np.asarray(slots))])[0]
 
 
@@ -33,7 +54,7 @@ def test_regions_start_on_pages():
     assert layout.prefix_bytes(13) == PAGE and layout.prefix_bytes(14) == 2 * PAGE and layout.prefix_bytes(0) == 0
 
 
-def test_scattered_writes_keep_their_neighbours(tmp_path):
+def test_scattered_writes_keep_their_neighbours(tmp_path, page):
     layout = RecordLayout(record_bytes=300, layers=2, batch=2, slots=100)
     with _open_pool(tmp_path, layout) as file:
         base = _records(100, 300, 0)
@@ -42,15 +63,15 @@ def test_scattered_writes_keep_their_neighbours(tmp_path):
         file.write_records(1, 1, [50, 13, 14, 99], patch)  # 13 and 14 straddle a page boundary
         expected = base.copy()
         expected[[50, 13, 14, 99]] = patch
-        got, pages = _read(file, 1, 1, np.arange(100))
+        got, nbytes = _read(file, 1, 1, np.arange(100))
         np.testing.assert_array_equal(got, expected)
-        assert pages == layout.prefix_bytes(100) // PAGE
+        assert file.page == page and nbytes == round_up(100 * 300, page)
         other, _ = _read(file, 0, 1, np.array([5]))
         assert not other.any()  # another region was never touched
     assert not list(tmp_path.iterdir())
 
 
-def test_writes_of_records_sharing_pages_keep_every_record(tmp_path):
+def test_writes_of_records_sharing_pages_keep_every_record(tmp_path, page):
     """Runs of slots that share a page (50 and 52 lie in one page, 51 between them) are one read-modify-write."""
     layout = RecordLayout(record_bytes=300, layers=1, batch=1, slots=200)
     rng = np.random.default_rng(3)
@@ -70,31 +91,32 @@ def test_writes_of_records_sharing_pages_keep_every_record(tmp_path):
             file.remove()
 
 
-def test_reads_return_the_order_asked_and_count_pages(tmp_path):
+def test_reads_return_the_order_asked_and_count_bytes(tmp_path, page):
     layout = RecordLayout(record_bytes=1536, layers=1, batch=1, slots=64)
     with _open_pool(tmp_path, layout) as file:
         data = _records(64, 1536, 2)
         file.write_records(0, 0, np.arange(64), data)
-        got, pages = _read(file, 0, 0, np.array([40, 2, 3]))
+        got, nbytes = _read(file, 0, 0, np.array([40, 2, 3]))
         np.testing.assert_array_equal(got, data[[40, 2, 3]])
-        # slot 40 lies in page 15; slot 2 (bytes 3072-4607) spans pages 0-1, slot 3 lies in page 1
-        assert pages == 3
+        # slot 40 lies in page 15; slot 2 (bytes 3072-4607) spans pages 0-1, slot 3 lies in page 1;
+        # in sectors, the three records are exactly their nine sectors
+        assert nbytes == (3 * PAGE if page == PAGE else 3 * 1536)
 
 
-def test_scattered_fetch_reads_a_lone_gap_page_once(tmp_path):
-    layout = RecordLayout(record_bytes=4096, layers=1, batch=1, slots=16)
+def test_scattered_fetch_reads_a_lone_gap_page_once(tmp_path, page):
+    layout = RecordLayout(record_bytes=page, layers=1, batch=1, slots=16)
     with _open_pool(tmp_path, layout) as file:
-        data = _records(16, 4096, 3)
+        data = _records(16, page, 3)
         file.write_records(0, 0, np.arange(16), data)
         before = file.io.stats.snapshot()
-        got, pages = _read(file, 0, 0, np.array([9, 0, 2, 12]))
+        got, nbytes = _read(file, 0, 0, np.array([9, 0, 2, 12]))
         np.testing.assert_array_equal(got, data[[9, 0, 2, 12]])
         moved = file.io.stats.minus(before)
         # pages 0-2 in one read (page 1 bridged), 9 and 12 alone (their gaps are two pages)
-        assert pages == 5 and moved.read_calls == 3 and moved.bytes_read == 5 * PAGE
+        assert nbytes == 5 * page and moved.read_calls == 3 and moved.bytes_read == 5 * page
 
 
-def test_read_many_reads_every_region_in_one_parallel_read(tmp_path):
+def test_read_many_reads_every_region_in_one_parallel_read(tmp_path, page):
     layout = RecordLayout(record_bytes=1536, layers=2, batch=3, slots=64)
     with _open_pool(tmp_path, layout) as file:
         data = {seq: _records(64, 1536, 10 + seq) for seq in range(3)}
@@ -103,7 +125,8 @@ def test_read_many_reads_every_region_in_one_parallel_read(tmp_path):
         requests = [(2, np.array([40, 3])), (0, np.array([], dtype=np.int64)), (1, np.array([2]))]
         before = file.io.stats.snapshot()
         results = file.read_many(1, requests)
-        for (seq, slots), (got, pages) in zip(requests, results):
+        for (seq, slots), (got, _) in zip(requests, results):
             np.testing.assert_array_equal(got, data[seq][slots])
-        assert [pages for _, pages in results] == [2, 0, 2]  # slot 2 spans pages 0-1
-        assert file.io.stats.minus(before).bytes_read == 4 * PAGE
+        expected = [2 * PAGE, 0, 2 * PAGE] if page == PAGE else [2 * 1536, 0, 1536]  # slot 2 spans pages 0-1
+        assert [nbytes for _, nbytes in results] == expected
+        assert file.io.stats.minus(before).bytes_read == sum(expected)

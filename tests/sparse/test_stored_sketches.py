@@ -25,7 +25,7 @@ def files(tmp_path):
             stored.write_records(layer, 0, np.arange(300), records(layer, 300))
         (tmp_path / "stored.crc").write_bytes(stored.pages.to_bytes())
         sketches = StoredSketches({"path": stored.path, "layout": stored.layout.to_dict(),
-                                   "pages_path": str(tmp_path / "stored.crc")})
+                                   "pages_path": str(tmp_path / "stored.crc"), "page": stored.page})
         fd, _ = open_for_reading(own.path)
         yield io, sketches, own, fd
         sketches.close()

@@ -335,50 +335,57 @@ def _paged_file(directory, rng):
 def test_page_reads_fill_only_the_chosen_pages_across_blocks(direct_dir, rng):
     kv, written = _paged_file(direct_dir, rng)
     with kv:
+        page, per_block = kv.page_bytes, kv.layout.block_stride // kv.page_bytes
         out = aligned_buffer(written.nbytes)
         out[:] = 0
-        pages = np.array([1, 2, 3, 7, 12])  # page 1 of block 0 through page 1 of block 1 are one run
+        # the last page of block 0 through the second of block 1 are one run; then two lone pages
+        pages = np.array([per_block - 1, per_block, per_block + 1, 3 * per_block + 1, 6 * per_block])
         before = kv.io.stats.snapshot()
         kv.read_pages([(1, K, 0, pages, out)])
         moved = kv.io.stats.minus(before)
-        assert moved.bytes_read == 5 * PAGE and moved.read_calls == 3
-        for page in range(written.nbytes // PAGE):
-            got, want = out[page * PAGE : (page + 1) * PAGE], written[page * PAGE : (page + 1) * PAGE]
-            assert (got == want).all() if page in pages else not got.any(), f"page {page}"
+        assert moved.bytes_read == 5 * page and moved.read_calls == 3
+        for number in range(written.nbytes // page):
+            got, want = out[number * page : (number + 1) * page], written[number * page : (number + 1) * page]
+            assert (got == want).all() if number in pages else not got.any(), f"page {number}"
 
 
 def test_page_numbers_count_from_the_requested_block(direct_dir, rng):
     kv, written = _paged_file(direct_dir, rng)
     with kv:
-        out = aligned_buffer(2 * PAGE)
+        page, per_block = kv.page_bytes, kv.layout.block_stride // kv.page_bytes
+        out = aligned_buffer(2 * page)
         kv.submit_read_pages([(1, K, 5, np.array([1]), out)]).result(timeout=30)
-        assert (out[PAGE:] == written[11 * PAGE : 12 * PAGE]).all()  # block 5's second page is page 11 overall
+        overall = 5 * per_block + 1  # block 5's second page, counted from block 0
+        assert (out[page:] == written[overall * page : (overall + 1) * page]).all()
 
 
 def test_a_damaged_page_fails_its_check_and_its_neighbours_still_read(direct_dir, rng):
     kv, written = _paged_file(direct_dir, rng)
     with kv:
-        offset = kv.layout.offset(1, K, 2) + PAGE + 5  # second page of block 2
+        page, per_block = kv.page_bytes, kv.layout.block_stride // kv.page_bytes
+        damaged = 2 * per_block + 1  # second page of block 2
         fd = os.open(direct_dir / "kv.bin", os.O_WRONLY)
-        os.pwrite(fd, bytes([written[5 * PAGE + 5] ^ 0x01]), offset)
+        os.pwrite(fd, bytes([written[damaged * page + 5] ^ 0x01]), kv.layout.offset(1, K, 2) + page + 5)
         os.fsync(fd)
         os.close(fd)
         out = aligned_buffer(written.nbytes)
         with pytest.raises(ChecksumError, match=r"checksum mismatch in data page \d+ .*layer 1 K from block 0"):
-            kv.read_pages([(1, K, 0, np.array([5]), out)])
-        kv.read_pages([(1, K, 0, np.array([4, 6]), out)])
-        assert (out[4 * PAGE : 5 * PAGE] == written[4 * PAGE : 5 * PAGE]).all()
+            kv.read_pages([(1, K, 0, np.array([damaged]), out)])
+        kv.read_pages([(1, K, 0, np.array([damaged - 1, damaged + 1]), out)])
+        kept = slice((damaged - 1) * page, damaged * page)
+        assert (out[kept] == written[kept]).all()
 
 
 def test_page_reads_refuse_unwritten_pages_files_without_page_crcs_and_bad_requests(direct_dir, rng):
     kv, _ = _paged_file(direct_dir, rng)
     with kv:
+        page, per_block = kv.page_bytes, kv.layout.block_stride // kv.page_bytes
         with pytest.raises(ChecksumError, match="never written"):
             kv.read_pages([(1, V, 0, np.array([0]), aligned_buffer(PAGE))])
         with pytest.raises(ValueError, match="run past the last block"):
-            kv.read_pages([(1, K, 7, np.array([2]), aligned_buffer(3 * PAGE))])
+            kv.read_pages([(1, K, 7, np.array([per_block]), aligned_buffer((per_block + 1) * page))])
         with pytest.raises(ValueError, match="hold 3 pages"):
-            kv.read_pages([(1, K, 0, np.array([2]), aligned_buffer(2 * PAGE))])
+            kv.read_pages([(1, K, 0, np.array([2]), aligned_buffer(2 * page))])
     with KVBlockFile.open(direct_dir / "kv.bin") as reopened:
         with pytest.raises(StorageError, match="page reads need page checksums"):
             reopened.read_pages([(1, K, 0, np.array([0]), aligned_buffer(PAGE))])

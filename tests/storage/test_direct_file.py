@@ -7,8 +7,8 @@ import pytest
 
 from kvtier.storage import direct_file
 from kvtier.storage.aligned import aligned_buffer
-from kvtier.storage.direct_file import drop_page_cache, open_direct, write_new_file
-from kvtier.storage.geometry import PAGE
+from kvtier.storage.direct_file import direct_read_unit, drop_page_cache, open_direct, write_new_file
+from kvtier.storage.geometry import PAGE, SECTOR
 
 
 def _write_and_read_back(fd):
@@ -70,6 +70,60 @@ def test_fallback_when_open_reports_einval(tmp_path, monkeypatch, caplog):
     os.close(fd)
     assert direct is False
     assert len(caplog.records) == 1 and "does not support O_DIRECT" in caplog.records[0].getMessage()
+
+
+def _logical_block_size(path) -> int | None:
+    """What sysfs says of the logical block of the device holding `path` (None where it has no such entry)."""
+    device = os.stat(path).st_dev
+    entry = f"/sys/dev/block/{os.major(device)}:{os.minor(device)}"
+    for queue in (f"{entry}/queue", f"{entry}/../queue"):  # a whole disk, or a partition's disk
+        try:
+            with open(f"{queue}/logical_block_size") as file:
+                return int(file.read())
+        except OSError:
+            continue
+    return None
+
+
+def _reserved(path, flags=os.O_RDWR | os.O_CREAT):
+    fd, direct = open_direct(path, flags)
+    os.posix_fallocate(fd, 0, PAGE)
+    return fd, direct
+
+
+def test_read_unit_is_the_devices_logical_block(direct_dir):
+    block = _logical_block_size(direct_dir)
+    if block is None:
+        pytest.skip(f"sysfs does not describe the device holding {direct_dir}")
+    fd, direct = _reserved(direct_dir / "unit")
+    try:
+        assert direct and direct_read_unit(fd, direct) == (SECTOR if block <= SECTOR else PAGE)
+    finally:
+        os.close(fd)
+
+
+def test_read_unit_is_a_page_where_o_direct_refuses_sectors(direct_dir, monkeypatch):
+    fd, direct = _reserved(direct_dir / "unit")
+
+    def refuse(*args):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "preadv", refuse)
+    try:
+        assert direct_read_unit(fd, direct) == PAGE
+    finally:
+        os.close(fd)
+
+
+def test_read_unit_without_o_direct_is_a_sector_and_other_errors_propagate(tmp_path):
+    fd, _ = _reserved(tmp_path / "unit")
+    try:
+        assert direct_read_unit(fd, False) == SECTOR
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as raised:
+        direct_read_unit(fd, True)  # closed
+    assert raised.value.errno == errno.EBADF
 
 
 def test_other_open_errors_propagate(tmp_path):

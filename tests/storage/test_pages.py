@@ -1,6 +1,6 @@
 import numpy as np
 
-from kvtier.storage.geometry import PAGE
+from kvtier.storage.geometry import PAGE, SECTOR
 from kvtier.storage.pages import bridge_gaps, pages_holding, ranges
 
 
@@ -29,10 +29,18 @@ def test_ranges_concatenates_runs():
     np.testing.assert_array_equal(ranges(np.array([5, 0, 20]), np.array([2, 3, 1])), [5, 6, 0, 1, 2, 20])
 
 
+def test_sector_pages_hold_sector_sized_records_exactly():
+    # 1536-byte records fill three sectors each: record 5 is sectors 15-17, nothing around it
+    sectors = [15, 16, 17, 21, 22, 23]
+    np.testing.assert_array_equal(pages_holding(np.array([5, 7]), 1536, max_gap=0, page=SECTOR), sectors)
+    np.testing.assert_array_equal(pages_holding(np.array([5, 7]), 1536, page=SECTOR), sectors)  # 18-20: 3 pages
+    np.testing.assert_array_equal(pages_holding(np.array([5, 6]), 1024, page=SECTOR), [10, 11, 12, 13])
+
+
 def test_many_scattered_records_give_the_pages_a_per_record_loop_gives():
     slots = np.random.default_rng(1).choice(20_000, 900, replace=False)
-    for record_bytes in (1536, 6000):
+    for record_bytes, page in ((1536, PAGE), (6000, PAGE), (1536, SECTOR), (1000, SECTOR)):
         expected = set()
         for slot in slots.tolist():
-            expected.update(range(slot * record_bytes // PAGE, ((slot + 1) * record_bytes - 1) // PAGE + 1))
-        np.testing.assert_array_equal(pages_holding(slots, record_bytes, max_gap=0), sorted(expected))
+            expected.update(range(slot * record_bytes // page, ((slot + 1) * record_bytes - 1) // page + 1))
+        np.testing.assert_array_equal(pages_holding(slots, record_bytes, max_gap=0, page=page), sorted(expected))

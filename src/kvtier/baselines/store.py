@@ -3,10 +3,11 @@
 Full offload reads every stored block of a layer; a selective baseline reads
 what its design needs: every K block for H2O (`read` / `submit` of whole
 blocks), and the chosen tokens or chunks for H2O's values, InfiniGen and LeoAM
-(`read_tokens` / `submit_tokens`). Chosen tokens cost the 4 KiB pages holding
-them, gaps of one page bridged: the granularity at which the sparse path
-fetches its cold tokens, so no baseline pays for whole 64-token blocks where
-kvtier pays for pages. (Where blocks do not fill whole pages, e.g. some tiny
+(`read_tokens` / `submit_tokens`). Chosen tokens cost the pages holding them
+(the file's read unit: 512-byte sectors where O_DIRECT takes them), gaps of
+one page bridged: the granularity at which the sparse path fetches its cold
+tokens, so no baseline pays for whole 64-token blocks where kvtier pays for
+sectors. (Where blocks do not fill whole pages, e.g. some tiny
 test models, the blocks holding the tokens are read instead.)
 
 Block b of sequence s is always read into the slot a whole-layer read would
@@ -98,7 +99,8 @@ class SelectiveStore(TieredStore):
                 tokens = np.unique(row[row < stored])
                 if tokens.size:
                     start = (kind * self.batch_size + seq) * region
-                    plan.append((tier, kind, seq * self.blocks_per_seq, pages_holding(tokens, token_bytes),
+                    plan.append((tier, kind, seq * self.blocks_per_seq,
+                                 pages_holding(tokens, token_bytes, page=self.file.page_bytes),
                                  self._buffers[buffer][start : start + region]))
         return plan
 

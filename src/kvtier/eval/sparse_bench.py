@@ -255,7 +255,7 @@ def markdown(result: dict) -> str:
              f"{result['new_tokens']} timed decode steps per mode and round, {result.get('repeats', 1)} alternating "
              f"round(s) (median of the rounds' medians; mean of the median round), torch threads: "
              f"{describe_threads(result['torch_threads'])}{_prefill_text(result)}", "",
-             "| mode | median ms/step | mean ms/step | disk read/step | O_DIRECT | cold sel. rate | pages/step | "
+             "| mode | median ms/step | mean ms/step | disk read/step | O_DIRECT | cold sel. rate | K/V fetched/step | "
              "ping-pong rate | score / fetch / attention / migrate / rest ms |",
              "|---|---|---|---|---|---|---|---|---|"]
     for mode, row in result["modes"].items():
@@ -264,7 +264,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| {mode} | {row['median_step_ms']:.1f} | {row['ms_per_token']:.1f} | "
                      f"{format_size(int(row['disk_read_bytes_per_step']))} | "
                      f"{row.get('direct', '-')} | {row.get('cold_selection_rate', float('nan')):.3f} | "
-                     f"{row.get('cold_pages_read_per_step', float('nan')):.0f} | {row.get('ping_pong_rate', float('nan')):.3f} | "
+                     f"{_size_or_dash(row.get('cold_bytes_fetched_per_step'))} | "
+                     f"{row.get('ping_pong_rate', float('nan')):.3f} | "
                      f"{breakdown} |")
     offload, dense = result["modes"].get("offload"), result["modes"].get("dense")
     if offload and dense:
@@ -287,3 +288,7 @@ def markdown(result: dict) -> str:
         lines += ["", "attention mass on always-kept tokens (mean over layers): " +
                   ", ".join(f"{window} {share:.1%}" for window, share in edges.items())]
     return "\n".join(lines) + "\n"
+
+
+def _size_or_dash(nbytes: float | None) -> str:
+    return "-" if nbytes is None else format_size(int(nbytes))

@@ -25,7 +25,6 @@ from kvtier.kv.dense import DenseCache
 from kvtier.kv.geometry import model_geometry
 from kvtier.kv.offload import OffloadCache
 from kvtier.sparse.cache import SparseCache
-from kvtier.storage import PAGE
 
 DIRECTIONS = ("storage->host", "storage internal", "host->storage", "host->device", "device->host")
 O_DIRECT = "O_DIRECT"
@@ -64,9 +63,9 @@ def step_traffic(cache, model, measured: dict, alpha: float) -> dict[str, float]
                "device->host": float(len(tiered) * batch * layer_bytes)}
     if isinstance(cache, SparseCache):
         summary = cache.stats.summary(skip=1)
-        kv_pages = summary.get("cold_pages_read", 0.0) * PAGE
+        fetched = summary.get("cold_bytes_fetched", 0.0)
         attended = summary.get("selected_hot", 0.0) + summary.get("selected_cold", 0.0)
-        traffic |= {"storage->host": kv_pages, "storage internal": max(0.0, disk_read - kv_pages)}
+        traffic |= {"storage->host": fetched, "storage internal": max(0.0, disk_read - fetched)}
     else:
         pooled = [_pooled(layer) * batch for layer in tiered]
         attended = sum(pooled) if isinstance(cache, OffloadCache) else sum(math.ceil(alpha * n) for n in pooled)
@@ -92,7 +91,7 @@ def sparse_details(cache: SparseCache) -> dict:
         "cold_selection_rate": summary.get("selected_cold", 0.0) / max(summary.get("pooled_cold", 0.0), 1),
         "hot_selection_rate": summary.get("selected_hot", 0.0) / max(summary.get("pooled_hot", 0.0), 1),
         "hot_share": summary.get("pooled_hot", 0.0) / max(pooled, 1),
-        "cold_pages_read_per_step": summary.get("cold_pages_read", 0.0),
+        "cold_bytes_fetched_per_step": summary.get("cold_bytes_fetched", 0.0),
         "promotions_per_step": summary.get("promotions", 0.0),
         "demotions_per_step": summary.get("demotions", 0.0),
         "migrations": moves, "ping_pongs": ping_pongs, "ping_pong_rate": ping_pongs / moves if moves else 0.0,

@@ -5,7 +5,7 @@ step changes the pools), `save_image` writes into the entry's temporary director
 
     cold.kv, cold.sketch          the cold pool's K|V records and key sketches, copied region by region in the
                                   kernel (copy_file_range) at the run's own offsets
-    cold.kv.crc, cold.sketch.crc  the per-page crc32c of every copied page (PageChecksums, itself checksummed)
+    cold.kv.crc, cold.sketch.crc  the crc32c of every copied page (PageChecksums, read units: 512 B or 4 KiB)
     tables.npz                    per tiered layer: the positions in the cold slots and in the hot pool, the hit table
     image.json                    key, layouts, APP's plan, the tables' crc32c; checksummed like meta.json
 
@@ -30,13 +30,13 @@ import numpy as np
 
 from kvtier.errors import StorageError
 from kvtier.sparse.record_file import RecordFile, RecordLayout
-from kvtier.storage import PAGE, IOEngine, checksum, fsync_directory, write_new_file
+from kvtier.storage import IOEngine, checksum, direct_read_unit, fsync_directory, open_direct, write_new_file
 from kvtier.storage.checksum import PageChecksums
 from kvtier.storage.sealed_json import BrokenSeal, seal, unseal
 
 log = logging.getLogger(__name__)
 IMAGE_DIR = "sparse"
-IMAGE_VERSION = 1
+IMAGE_VERSION = 2  # 2: page crcs per read unit (512 B where O_DIRECT takes sectors), not per 4 KiB
 META, TABLES, KV, SKETCH, CRC = "image.json", "tables.npz", "cold.kv", "cold.sketch", ".crc"
 
 
@@ -82,7 +82,8 @@ def save_image(directory: Path, runtime, layers: list, tokens: int) -> None:
         write_new_file(directory / META, seal({
             "key": image_key(runtime), "tokens": min(_placed_until(layer, tokens) for layer in layers),
             "plan": asdict(runtime.plan), "kv_layout": cold.kv.layout.to_dict(),
-            "sketch_layout": cold.sketches.layout.to_dict(), "tables_crc32c": checksum(tables)}))
+            "sketch_layout": cold.sketches.layout.to_dict(), "tables_crc32c": checksum(tables),
+            "kv_page": cold.kv.page, "sketch_page": cold.sketches.page}))
         fsync_directory(directory)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
@@ -104,7 +105,7 @@ def _imaged_layer(layer, runtime, tokens: int) -> ImagedLayer:
 
 
 def _copy_regions(file: RecordFile, target: Path, counts: list[int]) -> list[tuple[int, int]]:
-    """Copy each layer's first `counts[layer]` records of sequence 0 to `target` at the same offsets; the page runs."""
+    """Copy each layer's first `counts[layer]` records of sequence 0 to `target` at the same offsets; the byte runs."""
     layout, runs = file.layout, []
     source = os.open(file.path, os.O_RDONLY)  # buffered: copy_file_range stays in the kernel
     try:
@@ -114,7 +115,7 @@ def _copy_regions(file: RecordFile, target: Path, counts: list[int]) -> list[tup
             for layer, count in enumerate(counts):
                 offset, nbytes = layout.region_offset(layer, 0), layout.prefix_bytes(count)
                 _copy_range(source, fd, offset, nbytes)
-                runs.append((offset // PAGE, nbytes // PAGE))
+                runs.append((offset, nbytes))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -149,6 +150,7 @@ class ColdImage:
         self.plan = meta["plan"]
         self.kv_layout = RecordLayout(**meta["kv_layout"])
         self.sketch_layout = RecordLayout(**meta["sketch_layout"])
+        self.sketch_page = meta["sketch_page"]
         self.layers = layers
         self.kv_pages = kv_pages
         self.tokens = tokens  # positions below this are the image's (the stored and reused prefix, pooled)
@@ -170,10 +172,15 @@ class ColdImage:
             raise CorruptImage(f"{directory / TABLES}: fails its checksum")
         layers = _parse_tables(tables, key["layers"], directory)
         kv_layout, sketch_layout = RecordLayout(**meta["kv_layout"]), RecordLayout(**meta["sketch_layout"])
-        kv_pages = _read_pages(directory / (KV + CRC), kv_layout)
-        _read_pages(directory / (SKETCH + CRC), sketch_layout)  # the scorer loads it again; damage shows here first
+        kv_pages = _read_pages(directory / (KV + CRC), kv_layout, meta["kv_page"])
+        _read_pages(directory / (SKETCH + CRC), sketch_layout, meta["sketch_page"])  # the scorer loads it again
         for name, layout in ((KV, kv_layout), (SKETCH, sketch_layout)):
             _check_size(directory / name, layout.file_bytes)
+        unit = _read_unit(directory / KV)
+        if meta["kv_page"] % unit:
+            log.warning("the KV store entry's sparse image has %d-byte pages, which O_DIRECT cannot read here (%d); "
+                        "placing the prefix again", meta["kv_page"], unit)
+            return None
         read = sum((directory / name).stat().st_size for name in (META, TABLES, KV + CRC, SKETCH + CRC))
         return cls(directory, meta, layers, kv_pages, min(tokens, meta["tokens"]), read)
 
@@ -184,7 +191,7 @@ class ColdImage:
     def scorer_config(self) -> dict:
         """What the scorer needs to read the stored sketches (sketch_scorer.StoredSketches)."""
         return {"path": str(self.directory / SKETCH), "layout": self.sketch_layout.to_dict(),
-                "pages_path": str(self.directory / (SKETCH + CRC))}
+                "pages_path": str(self.directory / (SKETCH + CRC)), "page": self.sketch_page}
 
 
 def _read(path: Path) -> bytes:
@@ -212,11 +219,20 @@ def _parse_tables(data: bytes, layers: int, directory: Path) -> list[ImagedLayer
         raise CorruptImage(f"{directory / TABLES}: unreadable ({error.__class__.__name__})") from None
 
 
-def _read_pages(path: Path, layout: RecordLayout) -> PageChecksums:
+def _read_pages(path: Path, layout: RecordLayout, page: int) -> PageChecksums:
     try:
-        return PageChecksums.from_bytes(_read(path), layout.file_bytes // PAGE)
+        return PageChecksums.from_bytes(_read(path), layout.file_bytes, page)
     except ValueError as error:
         raise CorruptImage(f"{path}: {error}") from None
+
+
+def _read_unit(path: Path) -> int:
+    """The read unit O_DIRECT takes for the stored file at `path` (direct_file.direct_read_unit)."""
+    fd, direct = open_direct(path, os.O_RDONLY)
+    try:
+        return direct_read_unit(fd, direct)
+    finally:
+        os.close(fd)
 
 
 def _check_size(path: Path, expected: int) -> None:

@@ -126,7 +126,7 @@ class ColdPool:
     # ----- reading -----
 
     def fetch(self, layer: int, seq: int, slots: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Full-precision K/V [heads, n, head_dim] of sequence `seq`'s cold `slots` (checksums verified), pages read."""
+        """Full-precision K/V [heads, n, head_dim] of sequence `seq`'s cold `slots` (checksums verified), bytes read."""
         return self.fetch_many(layer, [slots], [seq])[0]
 
     def fetch_many(self, layer: int, slots_by_seq: list[np.ndarray],
@@ -144,7 +144,7 @@ class ColdPool:
 
         def result() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
             read = pending.result()  # every page verified
-            return [self._tokens(slots, records, pages) for slots, (records, pages) in zip(slots_by_seq, read)]
+            return [self._tokens(slots, records, nbytes) for slots, (records, nbytes) in zip(slots_by_seq, read)]
 
         return result
 
@@ -158,22 +158,22 @@ class ColdPool:
 
         def result() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
             fetched = []
-            for slots, mine, (own_records, own_pages), (base_records, base_pages) in zip(
+            for slots, mine, (own_records, own_bytes), (base_records, base_bytes) in zip(
                     slots_by_seq, own, own_reads.result(), base_reads.result()):
                 records = np.empty((len(slots), self.kv.layout.record_bytes), dtype=np.uint8)
                 records[mine], records[~mine] = own_records, base_records
-                fetched.append(self._tokens(slots, records, own_pages + base_pages))
+                fetched.append(self._tokens(slots, records, own_bytes + base_bytes))
             return fetched
 
         return result
 
-    def _tokens(self, slots: np.ndarray, records: np.ndarray, pages: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _tokens(self, slots: np.ndarray, records: np.ndarray, nbytes: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """K/V [heads, n, head_dim] of verified records read for `slots`."""
         if not len(slots):  # torch gives an empty byte array a zero stride, which it refuses to reinterpret
             empty = torch.empty(self.heads, 0, self.head_dim, dtype=self.dtype)
             return empty, empty.clone(), 0
         tokens = torch.from_numpy(records).view(self.dtype).view(len(slots), 2, self.heads, self.head_dim)
-        return tokens[:, 0].transpose(0, 1), tokens[:, 1].transpose(0, 1), pages
+        return tokens[:, 0].transpose(0, 1), tokens[:, 1].transpose(0, 1), nbytes
 
     def close(self) -> None:
         self.writes.close()

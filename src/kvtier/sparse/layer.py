@@ -221,7 +221,7 @@ class SparseLayer(WindowedLayer):
             step.selected_cold += picks.cold_count
             step.pooled_hot += self.hot.used * len(query)
             step.pooled_cold += cold_count * len(query)
-            step.cold_pages_read += sum(pages for _, _, pages in cold)
+            step.cold_bytes_fetched += sum(nbytes for _, _, nbytes in cold)
         return output, None
 
     def _chosen_positions(self, picks: Picks) -> np.ndarray:

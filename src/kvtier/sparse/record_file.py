@@ -9,10 +9,13 @@ keeps fetches of neighbouring tokens cheap).
 
     offset(layer, seq, slot) = ((layer * batch) + seq) * region_stride + slot * record_bytes
 
-O_DIRECT moves whole pages, so writing records that share a page with others
-reads that page first (read-modify-write). Writes of slot runs only read the
-two edge pages of each run. A fetch of scattered records reads the pages
-holding them, short gaps bridged (storage/pages.py).
+Writes move whole 4 KiB pages (the disks' physical sector), so writing records
+that share a page with others reads that page first (read-modify-write).
+Writes of slot runs only read the two edge pages of each run. A fetch of
+scattered records reads the file's read units holding them, its *pages*: 512-byte
+sectors where O_DIRECT takes them (direct_file.direct_read_unit), else 4 KiB;
+short gaps bridged (storage/pages.py). Records of 1-1.5 KiB fill whole sectors,
+so a fetch reads what it asked for, not the 4 KiB around each record.
 
 With `page_checksums`, the file keeps in memory a crc32c of every page it
 wrote and checks every page it reads against it (fetches and the edge pages
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtier.errors import ChecksumError, StorageError
-from kvtier.storage import PAGE, IOEngine, aligned_buffer, drop_page_cache, open_direct, round_up
+from kvtier.storage import PAGE, IOEngine, aligned_buffer, direct_read_unit, drop_page_cache, open_direct, round_up
 from kvtier.storage.checksum import PageChecksums
 from kvtier.storage.io_engine import consecutive_spans
 from kvtier.storage.pages import pages_holding
@@ -77,8 +80,6 @@ class RecordFile:
         self.path = path
         self.layout = layout
         self.io = io
-        self.pages = stored_pages if stored_pages is not None else \
-            PageChecksums(layout.file_bytes // PAGE) if page_checksums else None
         self._read_buffer = aligned_buffer(0)  # reused by fetches (result() copies out); grown on demand
         self._reading = False
         create = create and stored_pages is None
@@ -89,6 +90,10 @@ class RecordFile:
             raise StorageError(f"{path}: cannot open the cold-pool file: {error.strerror}") from error
         if create:
             self._reserve()
+        # a stored file is read in the pages its crcs cover (ColdImage.open checks this filesystem takes them)
+        self.page = stored_pages.page if stored_pages is not None else direct_read_unit(self._fd, self.direct)
+        self.pages = stored_pages if stored_pages is not None else \
+            PageChecksums(layout.file_bytes // self.page, self.page) if page_checksums else None
 
     def _reserve(self) -> None:
         """Reserve the whole file now, so a full disk fails at creation rather than mid-generation."""
@@ -112,9 +117,10 @@ class RecordFile:
 
     def submit_many(self, layer: int, requests: Sequence[tuple[int, np.ndarray]]) -> PendingRecords:
         """`read_many` queued now (kernel AIO where available); `result()` waits, verifies and cuts out records."""
-        plans = [PagePlan(np.asarray(slots, dtype=np.int64), self.layout.record_bytes) for _, slots in requests]
+        plans = [PagePlan(np.asarray(slots, dtype=np.int64), self.layout.record_bytes, self.page)
+                 for _, slots in requests]
         firsts = np.cumsum([0] + [len(plan.pages) for plan in plans])  # each plan's first page in the buffer
-        buffer = self._take_read_buffer(int(firsts[-1]) * PAGE)
+        buffer = self._take_read_buffer(int(firsts[-1]) * self.page)
         runs = [plan.runs(self.layout.region_offset(layer, seq), int(first))
                 for (seq, _), plan, first in zip(requests, plans, firsts)]
         offsets, lengths, starts = (np.concatenate(part).astype(np.int64) for part in zip(*runs)) if runs \
@@ -135,13 +141,14 @@ class RecordFile:
         if buffer is self._read_buffer:
             self._reading = False
 
-    def _verify(self, layer: int, seq: int, page_numbers: np.ndarray, data: np.ndarray,
-                unwritten_ok: bool = False) -> None:
+    def _verify(self, layer: int, seq: int, page_numbers: np.ndarray, data: np.ndarray) -> None:
         """Check pages `page_numbers` of (layer, seq)'s region, read into `data`, against their crcs."""
         if self.pages is None or not len(page_numbers):
             return
-        first = self.layout.region_offset(layer, seq) // PAGE
-        problem = self.pages.mismatch_at(first + page_numbers, data, unwritten_ok)
+        first = self.layout.region_offset(layer, seq) // self.page
+        self._raise_on(layer, seq, self.pages.mismatch_at(first + page_numbers, data))
+
+    def _raise_on(self, layer: int, seq: int, problem: str | None) -> None:
         if problem is not None:
             raise ChecksumError(f"{self.path}: cold records of layer {layer} sequence {seq}: {problem}; "
                                 "the file is damaged: rerun the generation")
@@ -173,12 +180,13 @@ class RecordFile:
         self.io.read_runs(self._fd, [(base + page, [memoryview(buffer[page - page_start : page - page_start + PAGE])])
                                      for page in edges])
         for page in edges:  # the neighbours' bytes kept in these pages must be what was written
-            self._verify(layer, seq, np.array([page // PAGE]), buffer[page - page_start : page - page_start + PAGE],
-                         unwritten_ok=True)
+            if self.pages is not None:
+                self._raise_on(layer, seq, self.pages.mismatch(
+                    base + page, buffer[page - page_start : page - page_start + PAGE], unwritten_ok=True))
         buffer[start - page_start : end - page_start] = records.reshape(-1)
         self.io.write_runs(self._fd, [(base + page_start, [memoryview(buffer)])])
         if self.pages is not None:
-            self.pages.record((base + page_start) // PAGE, PageChecksums.of(buffer))
+            self.pages.record_data(base + page_start, buffer)
 
     # ----- housekeeping -----
 
@@ -206,32 +214,32 @@ class PendingRecords:
         self.buffer, self.read = buffer, read
 
     def result(self) -> list[tuple[np.ndarray, int]]:
-        """Per request, the records (uint8 [n, record_bytes], in the order asked) and the pages read."""
+        """Per request, the records (uint8 [n, record_bytes], in the order asked) and the bytes read."""
         try:
             self.read.wait()
             out = []
             for seq, plan, first in zip(self.seqs, self.plans, self.firsts.tolist()):
-                pages = self.buffer[first * PAGE : (first + len(plan.pages)) * PAGE]
+                pages = self.buffer[first * plan.page : (first + len(plan.pages)) * plan.page]
                 self.file._verify(self.layer, seq, plan.pages, pages)
-                out.append((plan.gather(self.buffer, first), len(plan.pages)))  # copies: the buffer is reused
+                out.append((plan.gather(self.buffer, first), pages.nbytes))  # copies: the buffer is reused
             return out
         finally:
             self.file._release_read_buffer(self.buffer)
 
 
 class PagePlan:
-    """The pages holding some records of one region, and where each record lands once they are read."""
+    """The `page`-byte pages holding some records of one region, and where each record lands once they are read."""
 
-    def __init__(self, slots: np.ndarray, record_bytes: int) -> None:
-        self.slots, self.record_bytes = slots, record_bytes
-        self.first_page = slots * record_bytes // PAGE
-        self.pages = pages_holding(slots, record_bytes)
+    def __init__(self, slots: np.ndarray, record_bytes: int, page: int) -> None:
+        self.slots, self.record_bytes, self.page = slots, record_bytes, page
+        self.first_page = slots * record_bytes // page
+        self.pages = pages_holding(slots, record_bytes, page=page)
 
     def runs(self, base: int, first: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(file offsets, byte lengths, buffer offsets) of the runs of adjacent pages, read from page `first` on."""
         starts = np.flatnonzero(np.diff(self.pages, prepend=-2) != 1)
         counts = np.diff(np.append(starts, len(self.pages)))
-        return base + self.pages[starts] * PAGE, counts * PAGE, (first + starts) * PAGE
+        return base + self.pages[starts] * self.page, counts * self.page, (first + starts) * self.page
 
     def gather(self, buffer: np.ndarray, first: int) -> np.ndarray:
         """uint8 [len(slots), record_bytes]: the records, cut out of the pages read into `buffer` from page `first`."""
@@ -239,7 +247,7 @@ class PagePlan:
         if not self.slots.size:
             return np.empty((0, rec), dtype=np.uint8)
         page_index = first + np.searchsorted(self.pages, self.first_page)
-        starts = page_index * PAGE + (self.slots * rec - self.first_page * PAGE)
+        starts = page_index * self.page + (self.slots * rec - self.first_page * self.page)
         # Rows of a sliding-window view: one record-sized copy each (a per-byte index array cost 20x more).
         return np.lib.stride_tricks.sliding_window_view(buffer, rec)[starts]
 

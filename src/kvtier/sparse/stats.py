@@ -37,7 +37,7 @@ class StepStats:
     selected_cold: int = 0
     pooled_hot: int = 0
     pooled_cold: int = 0
-    cold_pages_read: int = 0
+    cold_bytes_fetched: int = 0  # the K/V fetch's reads (whole read units, bridged gaps included)
     promotions: int = 0
     demotions: int = 0
 

@@ -28,7 +28,7 @@ class StoredSketches:
         self.path = config["path"]
         self.layout = RecordLayout(**config["layout"])
         with open(config["pages_path"], "rb") as file:
-            self.pages = PageChecksums.from_bytes(file.read(), self.layout.file_bytes // PAGE)
+            self.pages = PageChecksums.from_bytes(file.read(), self.layout.file_bytes, config["page"])
         self.fd, _ = open_for_reading(self.path)
 
     def read_layered(self, io: IOEngine, own_fd: int, own_layout: RecordLayout, layer: int, seq: int,
@@ -39,8 +39,7 @@ class StoredSketches:
         nbytes = self.layout.prefix_bytes(int(stored[-1]) + 1) if len(stored) else 0
         if nbytes:
             io.read_runs(self.fd, [(self.layout.region_offset(layer, seq), [memoryview(buffer[:nbytes])])])
-            first = self.layout.region_offset(layer, seq) // PAGE
-            problem = self.pages.mismatch(first, buffer[:nbytes])
+            problem = self.pages.mismatch(self.layout.region_offset(layer, seq), buffer[:nbytes])
             if problem is not None:
                 raise ChecksumError(f"{self.path}: stored sketches of layer {layer}: {problem}; the KV store entry "
                                     "is damaged")
@@ -56,7 +55,7 @@ class StoredSketches:
 def _patch_own(io: IOEngine, fd: int, layout: RecordLayout, layer: int, seq: int, slots: np.ndarray,
                buffer: np.ndarray) -> int:
     """Read the own file's pages holding `slots` and copy those records into `buffer`; the bytes read."""
-    plan = PagePlan(slots, layout.record_bytes)
+    plan = PagePlan(slots, layout.record_bytes, PAGE)  # whole pages: any filesystem takes them
     scratch = aligned_buffer(len(plan.pages) * PAGE)
     offsets, lengths, starts = plan.runs(layout.region_offset(layer, seq), 0)
     io.read_runs(fd, [(offset, [memoryview(scratch[start : start + length])])

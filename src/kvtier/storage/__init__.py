@@ -6,26 +6,26 @@ bytes (numpy arrays, bytearrays, CPU tensors viewed as uint8).
     geometry.py     KVGeometry (per-token KV size), BlockLayout (block -> 4 KiB-aligned file offset)
     aligned.py      page-aligned buffers for O_DIRECT, byte views of caller buffers
     checksum.py     crc32c of blocks, the per-block checksum table, in-memory per-page crcs
-    direct_file.py  O_DIRECT open with buffered fallback, page-cache eviction, fsynced new files and directories
+    direct_file.py  O_DIRECT open with buffered fallback, its read unit, page-cache eviction, fsynced new files
     sealed_json.py  small metadata files sealed with their own crc32c
     io_engine.py    thread pool of preadv/pwritev over runs of adjacent buffers; scattered reads in one batch
     kernel_aio.py   Linux kernel AIO (io_submit/io_getevents) through ctypes, for those batches
     header.py       page 0 of a block file (format version, layout, model id)
     block_file.py   KVBlockFile: create/open/validate, coalesced checksummed block I/O, page reads
-    pages.py        which 4 KiB pages hold chosen fixed-size records (tokens), short gaps bridged
+    pages.py        which pages (read units) hold chosen fixed-size records (tokens), short gaps bridged
 """
 
 from kvtier.storage.aligned import aligned_buffer, byte_view, is_aligned
 from kvtier.storage.block_file import KVBlockFile
 from kvtier.storage.checksum import checksum
-from kvtier.storage.direct_file import drop_page_cache, fsync_directory, open_direct, write_new_file
-from kvtier.storage.geometry import DTYPE_SIZES, PAGE, BlockLayout, K, KVGeometry, V, round_up
+from kvtier.storage.direct_file import direct_read_unit, drop_page_cache, fsync_directory, open_direct, write_new_file
+from kvtier.storage.geometry import DTYPE_SIZES, PAGE, SECTOR, BlockLayout, K, KVGeometry, V, round_up
 from kvtier.storage.header import FORMAT_VERSION, MAGIC
 from kvtier.storage.io_engine import IOEngine, IOStats
 
 __all__ = [
-    "DTYPE_SIZES", "FORMAT_VERSION", "MAGIC", "PAGE", "K", "V",
+    "DTYPE_SIZES", "FORMAT_VERSION", "MAGIC", "PAGE", "SECTOR", "K", "V",
     "BlockLayout", "IOEngine", "IOStats", "KVBlockFile", "KVGeometry",
-    "aligned_buffer", "byte_view", "checksum", "drop_page_cache", "fsync_directory", "is_aligned", "open_direct",
-    "round_up", "write_new_file",
+    "aligned_buffer", "byte_view", "checksum", "direct_read_unit", "drop_page_cache", "fsync_directory", "is_aligned",
+    "open_direct", "round_up", "write_new_file",
 ]

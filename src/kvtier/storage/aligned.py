@@ -58,7 +58,8 @@ def address_of(buf: Any) -> int:
     return byte_view(buf).ctypes.data
 
 
-def is_aligned(buf: Any) -> bool:
-    """True when the address and the length of `buf` are both multiples of PAGE (O_DIRECT-safe)."""
+def is_aligned(buf: Any, unit: int = PAGE) -> bool:
+    """True when the address and the length of `buf` are both multiples of `unit` (O_DIRECT-safe for reads of
+    that unit)."""
     view = byte_view(buf)
-    return view.ctypes.data % PAGE == 0 and view.nbytes % PAGE == 0
+    return view.ctypes.data % unit == 0 and view.nbytes % unit == 0

@@ -16,9 +16,10 @@ when block_bytes is not a multiple of 4 KiB, are copied through an aligned
 bounce buffer (counted in `io.stats.bounce_copies`). Choose block_tokens so
 blocks fill whole pages and pass `aligned_buffer`s to move data without copies.
 
-Readers that want a few tokens of many blocks read single pages (`read_pages`):
-a file created with `page_checksums=True` also keeps, in memory, a crc32c of
-every page it writes, and checks each page read against it.
+Readers that want a few tokens of many blocks read single pages (`read_pages`),
+of the file's read unit (`page_bytes`: 512 where O_DIRECT takes sectors, else
+4 KiB): a file created with `page_checksums=True` also keeps, in memory, a
+crc32c of every such page it writes, and checks each page read against it.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class KVBlockFile:
             os.unlink(path)
             raise
         engine = io or IOEngine()
-        pages = PageChecksums(layout.data_bytes // PAGE) if page_checksums else None
+        unit = direct_file.direct_read_unit(fd, direct)
+        pages = PageChecksums(layout.data_bytes // unit, unit) if page_checksums else None
         return cls(path, fd, direct, header, ChecksumTable(layout.num_slots), engine, owns_io=io is None, pages=pages)
 
     @classmethod
@@ -138,6 +140,11 @@ class KVBlockFile:
         """Whether this object keeps page crcs, so that `read_pages` works."""
         return self._pages is not None
 
+    @property
+    def page_bytes(self) -> int:
+        """The size of the pages `read_pages` moves (the file's read unit); only with page checksums."""
+        return self._pages.page
+
     # ----- block I/O -----
 
     def write_blocks(self, blocks: Sequence[BlockRequest]) -> None:
@@ -146,7 +153,7 @@ class KVBlockFile:
         if len({request.slot for request in requests}) != len(requests):
             raise ValueError("write_blocks got the same block twice in one call; pass each block once")
         crcs = [checksum(request.data) for request in requests]
-        page_crcs = [PageChecksums.of(request.data) for request in requests] if self._pages is not None else []
+        page_crcs = [self._pages.of(request.data) for request in requests] if self._pages is not None else []
         runs, staged = self._plan_runs(requests)
         for request, staging in staged:
             staging[:] = request.data
@@ -154,7 +161,7 @@ class KVBlockFile:
         self.io.write_runs(self._fd, runs)
         self._record_checksums(requests, crcs)  # only now: data must never look valid before it is on disk
         for request, crcs_of_pages in zip(requests, page_crcs):
-            self._pages.record(request.slot * self.layout.block_stride // PAGE, crcs_of_pages)
+            self._pages.record(request.slot * self.layout.block_stride // self._pages.page, crcs_of_pages)
 
     def read_blocks(self, blocks: Sequence[BlockRequest]) -> None:
         """Fill each (layer, kind, block, out buffer) from the file and verify its checksum."""
@@ -180,9 +187,9 @@ class KVBlockFile:
     def read_pages(self, requests: Sequence[PageRequest]) -> None:
         """Fill chosen pages of runs of adjacent blocks and check each against its recorded crc.
 
-        Page p of a request is the p-th page from its first block's start (it may lie in a later block
-        of the same layer and kind) and lands at bytes [p * PAGE, (p + 1) * PAGE) of the request's
-        buffer, which must be page-aligned under O_DIRECT. Adjacent pages move in one syscall.
+        Page p of a request is the p-th `page_bytes` page from its first block's start (it may lie in a
+        later block of the same layer and kind) and lands at bytes [p * page_bytes, (p + 1) * page_bytes) of
+        the request's buffer, which must be page-aligned under O_DIRECT. Adjacent pages move in one syscall.
         """
         runs, finish = self._prepare_page_read(requests)
         self.io.read_runs_batched(self._fd, runs)  # scattered pages: one kernel AIO batch, as the sparse path reads
@@ -205,20 +212,19 @@ class KVBlockFile:
         if self._pages is None:
             raise StorageError(f"{self.path}: page reads need page checksums; create the file with "
                                "page_checksums=True")
-        runs, checks = [], []
+        runs, checks, page = [], [], self._pages.page
         for layer, kind, block, pages, buffer in requests:
             data = byte_view(buffer)
-            first_page = self.layout.slot(layer, kind, block) * self.layout.block_stride // PAGE
+            first_byte = self.layout.slot(layer, kind, block) * self.layout.block_stride
             self._check_page_request(layer, kind, block, pages, data)
             for span in consecutive_spans(pages.tolist()):
-                start, stop = int(pages[span.start]), int(pages[span.stop - 1]) + 1
-                runs.append((self.layout.data_offset + (first_page + start) * PAGE,
-                             [memoryview(data[start * PAGE : stop * PAGE])]))
-                checks.append((first_page + start, data[start * PAGE : stop * PAGE], (layer, kind, block)))
+                start, stop = int(pages[span.start]) * page, (int(pages[span.stop - 1]) + 1) * page
+                runs.append((self.layout.data_offset + first_byte + start, [memoryview(data[start:stop])]))
+                checks.append((first_byte + start, data[start:stop], (layer, kind, block)))
 
         def finish() -> None:
-            for first, data, (layer, kind, block) in checks:
-                problem = self._pages.mismatch(first, data)
+            for offset, data, (layer, kind, block) in checks:
+                problem = self._pages.mismatch(offset, data)
                 if problem:
                     raise ChecksumError(f"{self.path}: {problem} (layer {layer} {KIND_NAMES[kind]} from block "
                                         f"{block}); the file is damaged or the page was never stored: delete it and "
@@ -229,12 +235,12 @@ class KVBlockFile:
     def _check_page_request(self, layer: int, kind: int, block: int, pages: np.ndarray, data: np.ndarray) -> None:
         if not pages.size:
             return
-        last = int(pages[-1]) + 1
+        last, page = int(pages[-1]) + 1, self._pages.page
         stride = self.layout.block_stride
-        if pages[0] < 0 or block * stride + last * PAGE > self.layout.num_blocks * stride:
+        if pages[0] < 0 or block * stride + last * page > self.layout.num_blocks * stride:
             raise ValueError(f"layer {layer} {KIND_NAMES[kind]}: pages {int(pages[0])}..{last - 1} from block {block} "
                              f"run past the last block ({self.layout.num_blocks})")
-        if data.nbytes < last * PAGE or not data.flags.writeable or (self.direct and not is_aligned(data)):
+        if data.nbytes < last * page or not data.flags.writeable or (self.direct and not is_aligned(data, page)):
             raise ValueError(f"layer {layer} {KIND_NAMES[kind]}: the buffer must be writable, page-aligned and "
                              f"hold {last} pages, got {data.nbytes} bytes")
 

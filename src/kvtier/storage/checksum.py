@@ -60,30 +60,37 @@ class ChecksumTable:
 
 
 class PageChecksums:
-    """In-memory CRC32C of every page of a block file's data region, for reads of single pages.
+    """In-memory CRC32C of every page of a file's data region, for reads of single pages.
 
-    A block's stored crc covers the whole block, so a read of a few of its pages cannot be checked
-    against it. These are recorded as blocks are written through one open file object; a file that
-    outlives its writer (a stored sparse image) keeps them beside it (`to_bytes` / `from_bytes`).
+    A page is a file's read unit (`direct_read_unit`: 512 bytes where O_DIRECT takes sectors, else 4 KiB), so a
+    read of a few records costs the sectors holding them, not their 4 KiB pages. A block's stored crc covers the
+    whole block, so a read of a few of its pages cannot be checked against it. These are recorded as blocks are
+    written through one open file object; a file that outlives its writer (a stored sparse image) keeps them
+    beside it (`to_bytes` / `from_bytes`).
     """
 
-    def __init__(self, num_pages: int) -> None:
+    def __init__(self, num_pages: int, page: int = PAGE) -> None:
+        self.page = page
         self._crcs = np.zeros(num_pages, dtype=np.uint32)
         self._written = np.zeros(num_pages, dtype=bool)
 
-    @staticmethod
-    def of(data: np.ndarray) -> np.ndarray:
+    def of(self, data: np.ndarray) -> np.ndarray:
         """The crc of each page of `data` (flat bytes, a whole number of pages), uint32, in one call."""
-        return unit_checksums(data, PAGE)
+        return unit_checksums(data, self.page)
 
     def record(self, first_page: int, crcs: np.ndarray) -> None:
         """Pages first_page.. now hold data with these crcs (call once the data is on disk)."""
         self._crcs[first_page : first_page + len(crcs)] = crcs
         self._written[first_page : first_page + len(crcs)] = True
 
-    def mismatch(self, first_page: int, data: np.ndarray) -> str | None:
-        """Why pages first_page.. of the data region do not hold `data` (None when every page checks out)."""
-        return self.mismatch_at(np.arange(first_page, first_page + data.size // PAGE), data)
+    def record_data(self, offset: int, data: np.ndarray) -> None:
+        """`data` (whole pages) is now on disk at byte `offset` of the data region."""
+        self.record(offset // self.page, self.of(data))
+
+    def mismatch(self, offset: int, data: np.ndarray, unwritten_ok: bool = False) -> str | None:
+        """Why the pages at byte `offset` of the data region do not hold `data` (None when every page checks out)."""
+        first = offset // self.page
+        return self.mismatch_at(np.arange(first, first + data.size // self.page), data, unwritten_ok)
 
     def mismatch_at(self, numbers: np.ndarray, data: np.ndarray, unwritten_ok: bool = False) -> str | None:
         """Why pages `numbers` do not hold `data` (their bytes back to back); None when every page checks out.
@@ -98,17 +105,19 @@ class PageChecksums:
             return None
         first = int(np.argmax(bad))
         number = int(numbers[first])
+        where = f"data page {number} ({self.page} bytes at {number * self.page})"
         if not written[first]:
-            return f"data page {number} was never written"
+            return f"{where} was never written"
         stored = int(self._crcs[number])
-        return f"checksum mismatch in data page {number} (stored 0x{stored:08x}, read 0x{int(found[first]):08x})"
+        return f"checksum mismatch in {where} (stored 0x{stored:08x}, read 0x{int(found[first]):08x})"
 
     def take(self, runs: list[tuple[int, int]]) -> PageChecksums:
-        """A table of the same size holding only the pages of `runs` (first page, count); the rest unwritten."""
-        kept = PageChecksums(len(self._crcs))
-        for first, count in runs:
-            kept._crcs[first : first + count] = self._crcs[first : first + count]
-            kept._written[first : first + count] = self._written[first : first + count]
+        """A table of the same size holding only the pages of `runs` (byte offset, byte count); the rest unwritten."""
+        kept = PageChecksums(len(self._crcs), self.page)
+        for offset, nbytes in runs:
+            pages = slice(offset // self.page, (offset + nbytes) // self.page)
+            kept._crcs[pages] = self._crcs[pages]
+            kept._written[pages] = self._written[pages]
         return kept
 
     def to_bytes(self) -> bytes:
@@ -117,12 +126,14 @@ class PageChecksums:
         return body + np.uint32(checksum(body)).tobytes()
 
     @classmethod
-    def from_bytes(cls, data: bytes, num_pages: int) -> PageChecksums:
-        """The table `to_bytes` wrote for `num_pages` pages; ValueError when it is cut short or fails its crc."""
+    def from_bytes(cls, data: bytes, data_bytes: int, page: int) -> PageChecksums:
+        """The table `to_bytes` wrote for `data_bytes` of `page`-byte pages; ValueError when it is cut short or fails
+        its crc."""
+        num_pages = data_bytes // page
         body_bytes = num_pages * 5
         if len(data) != body_bytes + 4 or checksum(data[:body_bytes]) != int(np.frombuffer(data[body_bytes:], "<u4")[0]):
             raise ValueError("page checksum table damaged")
-        table = cls(num_pages)
+        table = cls(num_pages, page)
         table._crcs[:] = np.frombuffer(data, "<u4", num_pages)
         table._written[:] = np.frombuffer(data, np.bool_, num_pages, offset=num_pages * 4)
         return table

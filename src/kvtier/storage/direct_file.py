@@ -13,6 +13,9 @@ import errno
 import logging
 import os
 
+from kvtier.storage.aligned import aligned_buffer
+from kvtier.storage.geometry import PAGE, SECTOR
+
 log = logging.getLogger(__name__)
 
 
@@ -28,6 +31,20 @@ def open_direct(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> 
     # The refused open may already have created the file: with O_EXCL it did not exist before
     # (else EEXIST, not EINVAL), so it is ours and the retry must not fail on it.
     return os.open(path, flags & ~os.O_EXCL, mode), False
+
+
+def direct_read_unit(fd: int, direct: bool) -> int:
+    """The smallest read size and alignment `fd` accepts: SECTOR where an O_DIRECT read of one sector off a page
+    boundary succeeds (or without O_DIRECT), else PAGE. The file must hold at least one page."""
+    if not direct:
+        return SECTOR
+    try:
+        os.preadv(fd, [memoryview(aligned_buffer(SECTOR))], SECTOR)
+    except OSError as error:
+        if error.errno != errno.EINVAL:
+            raise
+        return PAGE
+    return SECTOR
 
 
 def drop_page_cache(fd: int) -> None:

@@ -16,6 +16,9 @@ from typing import Any
 from kvtier.errors import ConfigError
 
 PAGE = 4096
+# The smallest logical block of Linux block devices: O_DIRECT accepts reads of this size and alignment where the
+# device's logical block is 512 bytes (direct_file.direct_read_unit finds out); files still lay regions on PAGEs.
+SECTOR = 512
 DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
 K, V = 0, 1
 KIND_NAMES = ("K", "V")

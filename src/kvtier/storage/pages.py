@@ -1,9 +1,10 @@
-"""Which 4 KiB pages hold some of a region's fixed-size records (tokens) packed back to back from a page boundary.
+"""Which pages hold some of a region's fixed-size records (tokens) packed back to back from a page boundary.
 
 Used by every reader that fetches chosen tokens rather than whole regions: the
 sparse path's cold pool (one K|V record per token) and the selective baselines
-(token rows of K or V blocks). O_DIRECT moves whole pages, so a token costs the
-pages it touches.
+(token rows of K or V blocks). O_DIRECT moves whole read units, so a token costs
+the pages it touches; a page here is the file's read unit (a 512-byte sector
+where the device takes them, else 4 KiB: direct_file.direct_read_unit).
 
 A lone unwanted page lying between two wanted ones is read too
 (BRIDGED_GAP_PAGES), so the two reads become one: on the development VM's disk
@@ -21,13 +22,15 @@ from kvtier.storage.geometry import PAGE
 BRIDGED_GAP_PAGES = 1
 
 
-def pages_holding(slots: np.ndarray, record_bytes: int, max_gap: int = BRIDGED_GAP_PAGES) -> np.ndarray:
-    """Sorted page numbers covering records `slots` (int64) of `record_bytes` each, gaps <= `max_gap` bridged."""
+def pages_holding(slots: np.ndarray, record_bytes: int, max_gap: int = BRIDGED_GAP_PAGES,
+                  page: int = PAGE) -> np.ndarray:
+    """Sorted numbers of the `page`-byte pages covering records `slots` (int64) of `record_bytes` each, gaps <=
+    `max_gap` pages bridged."""
     if not slots.size:
         return np.empty(0, dtype=np.int64)
-    first_page = slots * record_bytes // PAGE
-    last_page = ((slots + 1) * record_bytes - 1) // PAGE
-    if record_bytes > PAGE:  # a record spans pages in between as well
+    first_page = slots * record_bytes // page
+    last_page = ((slots + 1) * record_bytes - 1) // page
+    if record_bytes > page:  # a record spans pages in between as well
         pages = np.unique(ranges(first_page, last_page - first_page + 1))
     else:
         pages = np.unique(np.concatenate([first_page, last_page]))
