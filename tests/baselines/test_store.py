@@ -41,8 +41,9 @@ def test_chosen_tokens_land_in_their_rows_and_cost_only_their_pages(store):
     moved = store.file.io.stats.minus(before)
     # 4 KiB pages: sequence 0: token 5 in page 0, 10 straddles pages 0-1, 100 in page 9, 191 in page 17;
     # sequence 1: 0 and 64 in pages 0 and 6: 4 + 2 pages per kind (no gap of one page to bridge).
-    # Sectors: tokens 5 and 10 straddle two each (3-4, 7-8), 100, 191, 0 and 64 lie in one: 8 per kind
-    assert moved.bytes_read == (2 * 6 * PAGE if store.file.page_bytes == PAGE else 2 * 8 * SECTOR)
+    # Sectors: sequence 0: tokens 5 and 10 in sectors 3-4 and 7-8 (5-6 bridged), 100 in 75, 191 in 143;
+    # sequence 1: 0 and 64 in sectors 0 and 48: 10 per kind
+    assert moved.bytes_read == (2 * 6 * PAGE if store.file.page_bytes == PAGE else 2 * 10 * SECTOR)
     for kind, tensor in ((K, keys), (V, values)):
         got = store.tokens(kind, buffer=1).permute(0, 2, 1, 3)
         for seq, row in enumerate(rows):

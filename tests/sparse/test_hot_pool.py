@@ -40,3 +40,16 @@ def test_replace_and_growth():
     pool.replace(1, np.array([2]), torch.ones(2, 1, 4), torch.ones(2, 1, 4), np.array([555]))
     assert pool.positions[1, 2] == 555 and pool.keys[1, :, 2].eq(1).all()
     assert pool.positions[0, 2] == 102
+
+
+def test_reserve_makes_exact_room_that_appends_then_fill_without_growing():
+    pool, _ = _pool(3)
+    pool.reserve(80)
+    assert pool.capacity == 80 and pool.used == 3
+    keys = pool.keys
+    pool.append(torch.ones(2, 2, 77, 4), torch.ones(2, 2, 77, 4), np.full((2, 77), 9))
+    assert pool.keys is keys and pool.used == 80  # filled in place: no copy of the pool
+    pool.append(torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4), np.full((2, 1), 10))
+    assert pool.capacity == 160 and pool.positions[0, 80] == 10  # past it, appends double the room
+    pool.reserve(10)
+    assert pool.capacity == 160  # never shrinks

@@ -104,16 +104,16 @@ def test_reads_return_the_order_asked_and_count_bytes(tmp_path, page):
 
 
 def test_scattered_fetch_reads_a_lone_gap_page_once(tmp_path, page):
-    layout = RecordLayout(record_bytes=page, layers=1, batch=1, slots=16)
+    layout = RecordLayout(record_bytes=PAGE, layers=1, batch=1, slots=16)
     with _open_pool(tmp_path, layout) as file:
-        data = _records(16, page, 3)
+        data = _records(16, PAGE, 3)
         file.write_records(0, 0, np.arange(16), data)
         before = file.io.stats.snapshot()
         got, nbytes = _read(file, 0, 0, np.array([9, 0, 2, 12]))
         np.testing.assert_array_equal(got, data[[9, 0, 2, 12]])
         moved = file.io.stats.minus(before)
-        # pages 0-2 in one read (page 1 bridged), 9 and 12 alone (their gaps are two pages)
-        assert nbytes == 5 * page and moved.read_calls == 3 and moved.bytes_read == 5 * page
+        # records 0-2 in one read (4 KiB bridged: record 1), 9 and 12 alone (their gaps are 8 KiB), in either unit
+        assert nbytes == 5 * PAGE and moved.read_calls == 3 and moved.bytes_read == 5 * PAGE
 
 
 def test_read_many_reads_every_region_in_one_parallel_read(tmp_path, page):

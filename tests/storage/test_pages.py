@@ -33,7 +33,8 @@ def test_sector_pages_hold_sector_sized_records_exactly():
     # 1536-byte records fill three sectors each: record 5 is sectors 15-17, nothing around it
     sectors = [15, 16, 17, 21, 22, 23]
     np.testing.assert_array_equal(pages_holding(np.array([5, 7]), 1536, max_gap=0, page=SECTOR), sectors)
-    np.testing.assert_array_equal(pages_holding(np.array([5, 7]), 1536, page=SECTOR), sectors)  # 18-20: 3 pages
+    np.testing.assert_array_equal(pages_holding(np.array([5, 7]), 1536, page=SECTOR), np.arange(15, 24))  # 4 KiB
+    np.testing.assert_array_equal(pages_holding(np.array([5, 9]), 1536, page=SECTOR), [15, 16, 17, 27, 28, 29])
     np.testing.assert_array_equal(pages_holding(np.array([5, 6]), 1024, page=SECTOR), [10, 11, 12, 13])
 
 

@@ -33,18 +33,19 @@ class HotPool:
     def append(self, keys: torch.Tensor, values: torch.Tensor, positions: np.ndarray) -> None:
         """Add n tokens per sequence: K/V [batch, heads, n, head_dim], positions [batch, n]."""
         count = keys.shape[2]
-        self._reserve(self.used + count)
+        if self.used + count > self.capacity:
+            self.reserve(max(self.used + count, 2 * self.capacity, 64))  # doubling: appends amortize
         self.keys[:, :, self.used : self.used + count] = keys
         self.values[:, :, self.used : self.used + count] = values
         self.positions[:, self.used : self.used + count] = positions
         self.used += count
 
-    def _reserve(self, slots: int) -> None:
+    def reserve(self, slots: int) -> None:
+        """Room for `slots` tokens per sequence."""
         if slots <= self.capacity:
             return
-        grown = max(slots, 2 * self.capacity, 64)
-        extra = grown - self.capacity
-        self.keys, self.values = self._grown(self.keys, grown), self._grown(self.values, grown)
+        extra = slots - self.capacity
+        self.keys, self.values = self._grown(self.keys, slots), self._grown(self.values, slots)
         self.positions = np.concatenate([self.positions, np.full((len(self.positions), extra), -1)], axis=1)
 
     def dots(self, query: torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,9 @@ class SparseLayer(WindowedLayer):
         elif pool.stop > pool.start:
             self._split(pool)
         self._observation = None
+        # the most it holds before a batched demotion: growing it mid-decode would copy the pool in a decode step
+        settings = self.runtime.settings
+        self.hot.reserve(self.runtime.hot_tokens + settings.demote_batch + settings.retire_batch)
 
     def _split(self, pool: slice) -> None:
         """Place the pool's tokens hot or cold by observation-window importance, within the hot pool's room."""
