@@ -6,13 +6,12 @@ sparse path's cold pool (one K|V record per token) and the selective baselines
 the pages it touches; a page here is the file's read unit (a 512-byte sector
 where the device takes them, else 4 KiB: direct_file.direct_read_unit).
 
-Up to 4 KiB of unwanted bytes lying between two wanted pages are read too
-(BRIDGED_GAP_BYTES: one page, or eight sectors), so the two reads become one:
-on the development VM's disk a fetch of 285 random records from each of 30
-layers took a median 1.73 s instead of 2.30 s (8 interleaved trials) for 14%
-more pages; the bytes read are counted and reported. In sectors, bridging only
-one sector made 59% more reads than 4 KiB pages for a third of the bytes
-(docs/decisions.md).
+A short gap of unwanted bytes between two wanted pages is read too, so the
+two reads become one: one 4 KiB page (on the development VM's disk a fetch of
+285 random records from each of 30 layers took a median 1.73 s instead of
+2.30 s, 8 interleaved trials, for 14% more pages), or up to 2 KiB of sectors
+(BRIDGED_GAP_BYTES; chosen tokens cluster, and a read's fixed cost outweighs
+a few KiB: docs/decisions.md). The bytes read are counted and reported.
 """
 
 from __future__ import annotations
@@ -21,14 +20,14 @@ import numpy as np
 
 from kvtier.storage.geometry import PAGE
 
-BRIDGED_GAP_BYTES = PAGE
+BRIDGED_GAP_BYTES = 2048
 
 
 def pages_holding(slots: np.ndarray, record_bytes: int, max_gap: int | None = None,
                   page: int = PAGE) -> np.ndarray:
     """Sorted numbers of the `page`-byte pages covering records `slots` (int64) of `record_bytes` each, gaps <=
-    `max_gap` pages (default: BRIDGED_GAP_BYTES) bridged."""
-    max_gap = BRIDGED_GAP_BYTES // page if max_gap is None else max_gap
+    `max_gap` pages (default: BRIDGED_GAP_BYTES, at least one page) bridged."""
+    max_gap = max(1, BRIDGED_GAP_BYTES // page) if max_gap is None else max_gap
     if not slots.size:
         return np.empty(0, dtype=np.int64)
     first_page = slots * record_bytes // page
