@@ -1,6 +1,7 @@
 """`--kv sparse` and the store: a stored document's cold pool is used where it lies, checked, never rewritten."""
 
 import hashlib
+import itertools
 import logging
 import os
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from kvtier.errors import ChecksumError
-from kvtier.generation import generate
+from kvtier.generation import RecomputeDiverged, generate
 from kvtier.modes import KVConfig
 from kvtier.sparse import cold_image
 from kvtier.sparse.cold_image import IMAGE_DIR, CorruptImage
@@ -107,15 +108,47 @@ def test_a_damaged_image_is_reported_dropped_and_recomputed(tiny_llm, document, 
 
 
 @pytest.mark.parametrize("damage", ["flip cold.kv", "flip cold.sketch"])
-def test_damaged_stored_records_found_while_decoding_stop_with_an_error(tiny_llm, document, store, sparse, damage):
-    """Cold records are checked when a step reads them (reading them all up front would read the whole pool)."""
+def test_damaged_stored_records_found_while_decoding_are_recomputed(tiny_llm, document, store, sparse, caplog, damage):
+    """Cold records are checked when a step reads them (reading them all up front would read the whole pool): the
+    answer starts over cold, and the tokens streamed before the damage showed are not streamed again."""
     ask(tiny_llm, document, store, FIRST, sparse)
     cold = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, sparse, progress=False)
+    (damaged,) = store.entries()
     _damage(store, damage)
+    streamed, texts = [], []
+    with caplog.at_level(logging.WARNING):
+        warm = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, sparse, progress=False, kv_store=store,
+                        on_token=streamed.append, on_text=texts.append)
+    assert warm.token_ids == streamed == cold.token_ids and "".join(texts) == cold.text
+    assert warm.reused_prompt_tokens == 0 and 0 < warm.ttft_s
+    (warning,) = [record.getMessage() for record in caplog.records if record.name == store_module.__name__]
+    assert f"KV store entry {damaged.id} is damaged" in warning and "checksum mismatch" in warning
+    (fresh,) = store.entries()  # the recomputed prompt stored again, with a whole image
+    again = ask(tiny_llm, document, store, SECOND, sparse)
+    assert again.reused_prompt_tokens > 0 and again.token_ids == cold.token_ids
+    assert [entry.id for entry in store.entries()] == [fresh.id]  # its image opened: nothing was reported damaged
+
+
+def test_a_recomputed_answer_that_differs_from_the_streamed_tokens_stops_with_an_error(tiny_llm, document, store,
+                                                                                     sparse):
+    """A `choose` whose draws do not repeat (sampling) cannot give the streamed tokens again: no divergent answer."""
+    ask(tiny_llm, document, store, FIRST, sparse)
+    _damage(store, "flip cold.kv")
+    draws, streamed = itertools.count(5), []
+    with pytest.raises(RecomputeDiverged, match="differs from the one already streamed at new token 1"):
+        generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, sparse, progress=False, kv_store=store,
+                 on_token=streamed.append, choose=lambda logits: next(draws))
+    assert streamed == [5]  # the first attempt's one token, not the second attempt's
+
+
+def test_on_corrupt_fail_raises_damage_found_while_decoding_and_keeps_the_entry(tiny_llm, document, tmp_path, sparse):
+    store = DocumentStore(tmp_path / "store", on_corrupt="fail")
+    ask(tiny_llm, document, store, FIRST, sparse)
+    (entry,) = store.entries()
+    _damage(store, "flip cold.kv")
     with pytest.raises(ChecksumError, match="checksum mismatch"):
         ask(tiny_llm, document, store, SECOND, sparse)
-    assert store.entries() == []  # dropped: the next question recomputes
-    assert ask(tiny_llm, document, store, SECOND, sparse).token_ids == cold.token_ids
+    assert [kept.id for kept in store.entries()] == [entry.id]
 
 
 def test_on_corrupt_fail_raises_and_keeps_the_entry(tiny_llm, document, tmp_path, sparse):

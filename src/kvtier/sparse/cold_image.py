@@ -181,6 +181,10 @@ class ColdImage:
         """The stored K|V records, read-only, every page read checked."""
         return RecordFile(str(self.directory / KV), self.kv_layout, io_engine, stored_pages=self.kv_pages)
 
+    def holds(self, error: StorageError) -> bool:
+        """Whether `error` is about one of this image's files (storage errors name their file first)."""
+        return str(error).startswith(f"{self.directory}{os.sep}")
+
     def scorer_config(self) -> dict:
         """What the scorer needs to read the stored sketches (sketch_scorer.StoredSketches)."""
         return {"path": str(self.directory / SKETCH), "layout": self.sketch_layout.to_dict(),
