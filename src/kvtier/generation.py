@@ -183,8 +183,9 @@ class _Run:
     stream: _Stream
 
     def once(self, reuse: PromptReuse | None) -> GenerationResult | None:
-        """The answer (ttft_s left to the caller), or None when a stored sparse image failed a check while decoding
-        (`recompute`): its entry is dropped and the match forgotten, so the next call answers cold."""
+        """The answer (ttft_s left to the caller), or None when a stored sparse image failed a check while decoding or
+        while copied into the new entry (`recompute`): its entry is dropped and the match forgotten, so the next call
+        answers cold."""
         model, kv_config = self.llm.model, self.kv_config
         prompt_in = _PromptIn(self)
         cache, logits, started = prompt_in.into_cache(reuse)
@@ -192,10 +193,10 @@ class _Run:
         try:
             with decoding(kv_config.kv):  # sparse: a core for the scorer process
                 cache.place_prompt()  # under the decode's threads: the sparse path calibrates APP there
-                if isinstance(cache, SparseCache) and prompt_in.writer is not None:
-                    _store_sparse_image(cache, prompt_in.writer)  # before a decode step changes the pools
-                prefilled = time.perf_counter()
                 try:
+                    if isinstance(cache, SparseCache) and prompt_in.writer is not None:
+                        _store_sparse_image(cache, prompt_in.writer)  # before a decode step changes the pools
+                    prefilled = time.perf_counter()
                     new_ids = _decode(model, cache, logits, self.max_new_tokens, self.eos, self.stream, self.choose,
                                       self.watch)
                 except ChecksumError as error:
@@ -295,9 +296,9 @@ def _sparse_image(reuse: PromptReuse | None) -> tuple[Path, int] | None:
 
 
 def _store_sparse_image(cache: SparseCache, writer: EntryWriter) -> None:
-    """Add the placed tiers to the entry being written; a failed write leaves the entry without them. A cache that
-    uses a stored image itself adds none: its own files lack the image's slots."""
-    if writer.failure is not None or cache.image is not None:
+    """Add the placed tiers to the entry being written (from the stored image the cache uses, where its slots are
+    still the image's); a failed write leaves the entry without them."""
+    if writer.failure is not None:
         return
     try:
         cache.save_image(writer.directory / IMAGE_DIR, writer.blocks_written * writer.meta.block_tokens)

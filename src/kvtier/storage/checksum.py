@@ -103,13 +103,11 @@ class PageChecksums:
         stored = int(self._crcs[number])
         return f"checksum mismatch in data page {number} (stored 0x{stored:08x}, read 0x{int(found[first]):08x})"
 
-    def take(self, runs: list[tuple[int, int]]) -> PageChecksums:
-        """A table of the same size holding only the pages of `runs` (first page, count); the rest unwritten."""
-        kept = PageChecksums(len(self._crcs))
-        for first, count in runs:
-            kept._crcs[first : first + count] = self._crcs[first : first + count]
-            kept._written[first : first + count] = self._written[first : first + count]
-        return kept
+    def copy(self, first_page: int, source: PageChecksums, source_first: int, count: int) -> None:
+        """Pages first_page.. take the entries of `source`'s pages source_first.. (their bytes were copied there)."""
+        taken = slice(source_first, source_first + count)
+        self._crcs[first_page : first_page + count] = source._crcs[taken]
+        self._written[first_page : first_page + count] = source._written[taken]
 
     def to_bytes(self) -> bytes:
         """The table for a file that outlives its writer: crcs, written flags, then a crc32c of both."""
