@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from kvtier.errors import ChecksumError
+from kvtier.errors import ChecksumError, StorageError
 from kvtier.kv.contract import tier_bytes
 from kvtier.models.prompts import check_context, prompt_ids
 from kvtier.modes import KVConfig, make_cache
@@ -110,28 +110,100 @@ def generate(
     server's client went away). Generation stops at an id of `eos_token_ids` (default: the model's;
     an empty set never stops early, vLLM's `ignore_eos`). With a `kv_store`, the prompt's longest
     stored prefix is loaded instead of computed, and a new document is stored (kvtier.store.reuse).
+    A stored sparse image found damaged while decoding (`--on-corrupt recompute`) makes the answer start
+    over cold; the tokens already handed out are checked, not handed out again (RecomputeDiverged).
     """
     kv_config = (kv_config or KVConfig()).validated()
     ids = prompt_ids(llm, prompt) if input_ids is None else input_ids
     check_context(llm, ids.shape[1], max_new_tokens)
-    model, eos = llm.model, _eos_ids(llm) if eos_token_ids is None else eos_token_ids
     requested = time.perf_counter()
     reuse = PromptReuse.plan(kv_store, llm, ids, prompt) if kv_store is not None else None
+    run = _Run(llm, kv_config, ids, max_new_tokens, prefill_chunk, progress, watch, choose,
+               _eos_ids(llm) if eos_token_ids is None else eos_token_ids, _Stream(llm.tokenizer, on_text, on_token))
     with torch.inference_mode():
-        prompt_in = _PromptIn(llm, kv_config, ids, ids.shape[1] + max_new_tokens, prefill_chunk, progress, watch)
+        result = run.once(reuse)
+        if result is None:  # a stored image failed a check while decoding: its entry is gone, answer cold
+            result = run.once(reuse)
+    result.ttft_s = run.stream.first_at - requested
+    return result
+
+
+class RecomputeDiverged(StorageError):
+    """The answer computed again after a damaged stored image differs from the tokens already handed out."""
+
+
+@dataclass
+class _Stream:
+    """The new tokens handed to `on_text` / `on_token`, across the attempts of one generation: an attempt after
+    the first re-derives the tokens already handed out, which are checked instead of handed out again."""
+
+    tokenizer: object
+    on_text: Callable[[str], None] | None
+    on_token: Callable[[int], None] | None
+    ids: list[int] = field(default_factory=list)  # handed out
+    shown: str = ""  # the text of `ids` handed to on_text
+    first_at: float = 0.0  # when the first token was handed out
+    position: int = 0  # of the current attempt's next token
+
+    def restart(self) -> None:
+        self.position = 0
+
+    def put(self, token: int) -> None:
+        """The current attempt's next token: handed out, or checked against the one handed out at its place."""
+        position, self.position = self.position, self.position + 1
+        if position < len(self.ids):
+            if token != self.ids[position]:
+                raise RecomputeDiverged(f"the answer computed again without the damaged KV store entry differs "
+                                        f"from the one already streamed at new token {position + 1}; it stops there")
+            return
+        self.ids.append(token)
+        self.first_at = self.first_at or time.perf_counter()
+        if self.on_text is not None:
+            text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            if text.startswith(self.shown) and len(text) > len(self.shown):
+                self.on_text(text[len(self.shown) :])
+                self.shown = text
+        if self.on_token is not None:
+            self.on_token(token)
+
+
+@dataclass
+class _Run:
+    """One generation's settings; `once` answers the prompt in a fresh cache."""
+
+    llm: object
+    kv_config: KVConfig
+    ids: torch.Tensor
+    max_new_tokens: int
+    chunk: int
+    progress: bool
+    watch: Watch | None
+    choose: Callable[[torch.Tensor], int] | None
+    eos: set[int]
+    stream: _Stream
+
+    def once(self, reuse: PromptReuse | None) -> GenerationResult | None:
+        """The answer (ttft_s left to the caller), or None when a stored sparse image failed a check while decoding or
+        while copied into the new entry (`recompute`): its entry is dropped and the match forgotten, so the next call
+        answers cold."""
+        model, kv_config = self.llm.model, self.kv_config
+        prompt_in = _PromptIn(self)
         cache, logits, started = prompt_in.into_cache(reuse)
+        self.stream.restart()
         try:
             with decoding(kv_config.kv):  # sparse: a core for the scorer process
                 cache.place_prompt()  # under the decode's threads: the sparse path calibrates APP there
-                if isinstance(cache, SparseCache) and prompt_in.writer is not None:
-                    _store_sparse_image(cache, prompt_in.writer)  # before a decode step changes the pools
-                prefilled = time.perf_counter()
                 try:
-                    new_ids, first_token_at = _decode(model, cache, logits, max_new_tokens, eos, llm.tokenizer,
-                                                       on_text, on_token, choose, watch)
+                    if isinstance(cache, SparseCache) and prompt_in.writer is not None:
+                        _store_sparse_image(cache, prompt_in.writer)  # before a decode step changes the pools
+                    prefilled = time.perf_counter()
+                    new_ids = _decode(model, cache, logits, self.max_new_tokens, self.eos, self.stream, self.choose,
+                                      self.watch)
                 except ChecksumError as error:
-                    _drop_damaged_image(cache, reuse, error)
-                    raise
+                    if not _image_failed(cache, error):
+                        raise
+                    _forget_damaged_image(reuse, prompt_in, error)
+                    return None
             finished = time.perf_counter()
             kv_bytes = tier_bytes(cache, model)
             io = cache.io_stats()
@@ -140,47 +212,40 @@ def generate(
             if reuse is not None:
                 reuse.publish(prompt_in.writer)
             cache.close()
-    passes = max(len(new_ids) - 1, 1)
-    return GenerationResult(
-        text=llm.tokenizer.decode(new_ids, skip_special_tokens=True),
-        token_ids=new_ids,
-        kv_mode=kv_config.kv,
-        prefill_tokens=ids.shape[1],
-        decode_tokens=len(new_ids),
-        prefill_s=prefilled - started,
-        decode_s=finished - prefilled,
-        ms_per_token=(finished - prefilled) * 1000 / passes,
-        disk_bytes_read=io.bytes_read,
-        disk_bytes_written=io.bytes_written,
-        kv_bytes=kv_bytes,
-        reused_prompt_tokens=prompt_in.reused,
-        kv_store_bytes_read=reuse.bytes_read if reuse is not None else 0,
-        ttft_s=first_token_at - requested,
-        scorer_restarts=restarts,
-    )
+        passes = max(len(new_ids) - 1, 1)
+        return GenerationResult(
+            text=self.llm.tokenizer.decode(new_ids, skip_special_tokens=True),
+            token_ids=new_ids,
+            kv_mode=kv_config.kv,
+            prefill_tokens=self.ids.shape[1],
+            decode_tokens=len(new_ids),
+            prefill_s=prefilled - started,
+            decode_s=finished - prefilled,
+            ms_per_token=(finished - prefilled) * 1000 / passes,
+            disk_bytes_read=io.bytes_read,
+            disk_bytes_written=io.bytes_written,
+            kv_bytes=kv_bytes,
+            reused_prompt_tokens=prompt_in.reused,
+            kv_store_bytes_read=reuse.bytes_read if reuse is not None else 0,
+            scorer_restarts=restarts,
+        )
 
 
 @dataclass
 class _PromptIn:
     """Puts one prompt into a fresh cache: the stored prefix loaded, the rest prefilled (and recorded)."""
 
-    llm: object
-    kv_config: KVConfig
-    ids: torch.Tensor
-    max_tokens: int
-    chunk: int
-    progress: bool
-    watch: Watch | None
+    run: _Run
     reused: int = 0
     writer: EntryWriter | None = None
 
     def into_cache(self, reuse: PromptReuse | None) -> tuple[object, torch.Tensor, float]:
         """(cache, last logits, when the prefill started). A damaged stored prefix is recomputed once from scratch
         (`--on-corrupt recompute`) or raised (`fail`)."""
-        model = self.llm.model
+        run = self.run
         try:
-            cache = make_cache(model, self.kv_config, self.max_tokens, self.ids.shape[0], self.llm.model_id,
-                               _sparse_image(reuse))
+            cache = make_cache(run.llm.model, run.kv_config, run.ids.shape[1] + run.max_new_tokens, run.ids.shape[0],
+                               run.llm.model_id, _sparse_image(reuse))
         except CorruptImage as error:
             return self._recompute(reuse, error)
         started = time.perf_counter()
@@ -201,6 +266,12 @@ class _PromptIn:
             cache.close()
             raise
 
+    def discard_entry(self, reuse: PromptReuse) -> None:
+        """Drop the entry this prompt was writing, unpublished."""
+        if self.writer is not None:
+            reuse.store.discard(self.writer)
+            self.writer = None
+
     def _recompute(self, reuse: PromptReuse, error: CorruptEntry | CorruptImage) -> tuple[object, torch.Tensor, float]:
         """After a damaged entry: raise (`fail`, the entry kept), or prefill the whole prompt as if nothing were stored
         (replay has removed a damaged entry; a damaged sparse image's entry is removed here)."""
@@ -212,8 +283,9 @@ class _PromptIn:
         return self.into_cache(reuse)
 
     def _prefill(self, cache, start: int) -> torch.Tensor:
-        ids = self.ids[:, start:].to(self.llm.model.device)
-        return _prefill_with_progress(self.llm.model, ids, cache, self.chunk, self.progress, self.watch)
+        run = self.run
+        ids = run.ids[:, start:].to(run.llm.model.device)
+        return _prefill_with_progress(run.llm.model, ids, cache, run.chunk, run.progress, run.watch)
 
 
 def _sparse_image(reuse: PromptReuse | None) -> tuple[Path, int] | None:
@@ -224,9 +296,9 @@ def _sparse_image(reuse: PromptReuse | None) -> tuple[Path, int] | None:
 
 
 def _store_sparse_image(cache: SparseCache, writer: EntryWriter) -> None:
-    """Add the placed tiers to the entry being written; a failed write leaves the entry without them. A cache that
-    uses a stored image itself adds none: its own files lack the image's slots."""
-    if writer.failure is not None or cache.image is not None:
+    """Add the placed tiers to the entry being written (from the stored image the cache uses, where its slots are
+    still the image's); a failed write leaves the entry without them."""
+    if writer.failure is not None:
         return
     try:
         cache.save_image(writer.directory / IMAGE_DIR, writer.blocks_written * writer.meta.block_tokens)
@@ -235,33 +307,32 @@ def _store_sparse_image(cache: SparseCache, writer: EntryWriter) -> None:
                     error.strerror or error)
 
 
-def _drop_damaged_image(cache, reuse: PromptReuse | None, error: ChecksumError) -> None:
-    """A stored image found damaged while decoding: the answer stops with the error; the entry is removed."""
-    if isinstance(cache, SparseCache) and cache.image is not None and reuse.store.on_corrupt == "recompute":
-        reuse.store.drop(reuse.match.entry.path, str(error))
+def _image_failed(cache, error: ChecksumError) -> bool:
+    """Whether `error` is about the stored sparse image `cache` reads in place (not about the run's own files)."""
+    return isinstance(cache, SparseCache) and cache.image is not None and cache.image.holds(error)
 
 
-def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], tokenizer, on_text, on_token,
-            choose, watch) -> tuple[list[int], float]:
-    """Decode loop; stops at an end-of-sequence token (kept in the ids, as transformers does). Returns the ids and
-    when the first one was known."""
+def _forget_damaged_image(reuse: PromptReuse, prompt_in: _PromptIn, error: ChecksumError) -> None:
+    """After a stored image failed a check while decoding: the entry being written is dropped (its image holds
+    copies of the damaged records); `fail` raises the error and keeps the damaged entry, `recompute` removes it
+    and forgets the match, so the prompt is answered again cold."""
+    prompt_in.discard_entry(reuse)
+    if reuse.store.on_corrupt == "fail":
+        raise error
+    reuse.store.drop(reuse.match.entry.path, str(error))
+    reuse.forget_match()
+
+
+def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], stream: _Stream, choose, watch) -> list[int]:
+    """Decode loop; stops at an end-of-sequence token (kept in the ids, as transformers does). Returns the ids."""
     new_ids: list[int] = []
-    shown = ""
-    first_token_at = 0.0
     for _ in range(max_new_tokens):
         token = int(logits.argmax(dim=-1)[0]) if choose is None else choose(logits)
         new_ids.append(token)
-        first_token_at = first_token_at or time.perf_counter()
-        if on_text is not None:
-            text = tokenizer.decode(new_ids, skip_special_tokens=True)
-            if text.startswith(shown) and len(text) > len(shown):
-                on_text(text[len(shown) :])
-                shown = text
         stopped = watch is not None and watch(cache)
-        if on_token is not None:
-            on_token(token)
+        stream.put(token)
         if token in eos or len(new_ids) == max_new_tokens or stopped:
             break
         step = torch.tensor([[token]], device=model.device)
         logits = model(input_ids=step, cache=cache, use_cache=True).logits[:, -1, :]
-    return new_ids, first_token_at
+    return new_ids

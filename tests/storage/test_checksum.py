@@ -75,10 +75,12 @@ def test_page_checksums_outlive_their_writer_and_a_damaged_table_is_refused():
     data = np.arange(3 * PAGE, dtype=np.uint8)
     written = PageChecksums(8)
     written.record(2, written.of(data))
-    kept = written.take([(2 * PAGE, 2 * PAGE)])  # the third page left out: never written as far as the copy knows
+    kept = PageChecksums(8)
+    kept.copy(2, written, 2, 2)  # the third page left out: never written as far as the copy knows
+    kept.copy(6, written, 3, 1)  # a page copied elsewhere keeps its crc
     loaded = PageChecksums.from_bytes(kept.to_bytes(), 8 * PAGE, PAGE)
     assert loaded.page == PAGE
-    assert loaded.mismatch(2 * PAGE, data[: 2 * PAGE]) is None
+    assert loaded.mismatch(2 * PAGE, data[: 2 * PAGE]) is None and loaded.mismatch(6 * PAGE, data[PAGE : 2 * PAGE]) is None
     assert "never written" in loaded.mismatch(4 * PAGE, data[2 * PAGE :])
     damaged = bytearray(kept.to_bytes())
     damaged[3] ^= 0x01

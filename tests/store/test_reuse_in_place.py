@@ -1,26 +1,32 @@
 """`--kv sparse` and the store: a stored document's cold pool is used where it lies, checked, never rewritten."""
 
 import hashlib
+import itertools
 import logging
 import os
 
+import numpy as np
 import pytest
 import torch
 
 from kvtier.errors import ChecksumError
-from kvtier.generation import generate
+from kvtier.generation import RecomputeDiverged, generate
 from kvtier.modes import KVConfig
 from kvtier.sparse import cold_image
-from kvtier.sparse.cold_image import IMAGE_DIR, CorruptImage
+from kvtier.sparse.cold_image import IMAGE_DIR, ColdImage, CorruptImage
+from kvtier.sparse.cache import SparseCache
 from kvtier.sparse.cold_pool import ColdPool
 from kvtier.store import DocumentStore
 from kvtier.store import entry as entry_module
 from kvtier.store import store as store_module
-from kvtier.storage import PAGE, direct_file
+from kvtier.storage import PAGE, SECTOR, IOEngine, direct_file, round_up
+from kvtier.storage.sealed_json import unseal
+from kvtier.store.entry import read_layers
 from store_entries import KilledAt
 
 NEW_TOKENS = 6
 FIRST, SECOND = "What is it about ?", "Name one place ."
+LONG_QUESTION = "Name one place . " * 330  # more whole blocks than the document: stored
 
 
 @pytest.fixture()
@@ -50,6 +56,76 @@ def test_a_second_question_uses_the_stored_cold_pool_in_place(tiny_llm, document
     assert len(adopted) == 2 and min(adopted) > 0  # every tiered layer took its cold slots from the image
     assert warm.disk_bytes_written > 0  # the decode's moves were written (to the run's own files) ...
     assert image_files(store) == stored  # ... and the image is as it was
+
+
+def test_a_question_that_extends_a_stored_document_stores_its_image_from_the_one_it_reused(
+        tiny_llm, document, store, sparse, monkeypatch):
+    """doc, then doc + a long first question (reusing doc's image, publishing the longer prompt), then doc + that
+    question + another: the third uses the second's image in place, which holds the first image's records for the
+    slots it adopted and its own for the rest."""
+    ask(tiny_llm, document, store, FIRST, sparse)
+    extended = f"{document} {LONG_QUESTION}"
+    adopted = []
+    monkeypatch.setattr(ColdPool, "adopt", lambda pool, layer, positions, adopt=ColdPool.adopt: (
+        adopted.append(len(positions)), adopt(pool, layer, positions)))
+    second = ask(tiny_llm, extended, store, SECOND, sparse)
+    assert second.reused_prompt_tokens > 0 and len(adopted) == 2 and len(store.entries()) == 2
+    longer = max(store.entries(), key=lambda entry: len(entry.meta.blocks))
+    assert_image_holds_the_stored_kv(longer)
+    cold = generate(tiny_llm, f"{extended} {FIRST}", 24, sparse, progress=False)
+    by_second, written, marks = adopted[:], [], []  # written[marks[0]:marks[1]]: the placement's cold writes
+    monkeypatch.setattr(ColdPool, "append", lambda pool, layer, keys, values, positions, append=ColdPool.append: (
+        written.append(positions), append(pool, layer, keys, values, positions)))
+    monkeypatch.setattr(SparseCache, "place_prompt", lambda cache, place=SparseCache.place_prompt: (
+        marks.append(len(written)), place(cache), marks.append(len(written))))
+    third = ask(tiny_llm, extended, store, FIRST, sparse, new_tokens=24)
+    assert third.reused_prompt_tokens == longer.meta.block_tokens * len(longer.meta.blocks)
+    assert third.token_ids == cold.token_ids
+    assert min(adopted[2:]) > max(by_second)  # every tiered layer adopted the first question's cold slots too
+    # ... and wrote none of the positions the second image covers (the second run's recent window was not pooled)
+    imaged = unseal((longer.path / IMAGE_DIR / "image.json").read_bytes())["tokens"]
+    assert imaged > second.reused_prompt_tokens
+    assert all((positions >= imaged).all() for positions in written[marks[0] : marks[1]])
+
+
+def test_a_damaged_page_found_while_copying_the_image_it_reused_is_recomputed(tiny_llm, document, store, sparse,
+                                                                               caplog):
+    """A page holding records of the base image and of the run is checked as it is merged: with one new token (no
+    decode step reads the cold pool), only that check can find the damage."""
+    ask(tiny_llm, document, store, FIRST, sparse)
+    (damaged,) = store.entries()
+    _damage(store, "flip cold.kv")
+    _damage(store, "flip cold.sketch")
+    extended = f"{document} {LONG_QUESTION} {SECOND}"
+    cold = generate(tiny_llm, extended, 1, sparse, progress=False)
+    with caplog.at_level(logging.WARNING):
+        warm = generate(tiny_llm, extended, 1, sparse, progress=False, kv_store=store)
+    assert warm.reused_prompt_tokens == 0 and warm.token_ids == cold.token_ids
+    assert f"KV store entry {damaged.id} is damaged" in caplog.text
+    (fresh,) = store.entries()  # the extended prompt, stored cold, with an image of its own
+    assert_image_holds_the_stored_kv(fresh)
+
+
+def assert_image_holds_the_stored_kv(entry) -> None:
+    """Every page of the entry's image holding an imaged record checks out, and every imaged cold K|V record is the
+    K/V the entry stores for its position."""
+    directory = entry.path / IMAGE_DIR
+    image = ColdImage.open(directory, unseal((directory / "image.json").read_bytes())["key"], 1 << 30)
+    kv = np.fromfile(directory / "cold.kv", dtype=np.uint8)
+    sketches = np.fromfile(directory / "cold.sketch", dtype=np.uint8)
+    with IOEngine(2) as io:
+        stored = list(read_layers(entry.path, entry.meta, len(entry.meta.blocks), io))
+    for (layer, keys, values), imaged in zip(stored, image.layers):
+        for data, layout, pages in ((kv, image.kv_layout, image.kv_pages),
+                                    (sketches, image.sketch_layout, image.sketch_pages)):
+            start, nbytes = layout.region_offset(layer, 0), round_up(len(imaged.cold) * layout.record_bytes, pages.page)
+            assert pages.mismatch(start, data[start : start + nbytes]) is None
+        start, size = image.kv_layout.region_offset(layer, 0), image.kv_layout.record_bytes
+        records = kv[start : start + len(imaged.cold) * size].reshape(len(imaged.cold), size)
+        index = torch.from_numpy(imaged.cold)
+        expected = torch.cat([keys[0][:, index].transpose(0, 1).reshape(len(index), -1),
+                              values[0][:, index].transpose(0, 1).reshape(len(index), -1)], dim=1)
+        assert len(index) and np.array_equal(records, expected.contiguous().view(torch.uint8).numpy())
 
 
 def test_the_image_counts_toward_the_stores_bound(tiny_llm, document, tmp_path, sparse):
@@ -107,15 +183,47 @@ def test_a_damaged_image_is_reported_dropped_and_recomputed(tiny_llm, document, 
 
 
 @pytest.mark.parametrize("damage", ["flip cold.kv", "flip cold.sketch"])
-def test_damaged_stored_records_found_while_decoding_stop_with_an_error(tiny_llm, document, store, sparse, damage):
-    """Cold records are checked when a step reads them (reading them all up front would read the whole pool)."""
+def test_damaged_stored_records_found_while_decoding_are_recomputed(tiny_llm, document, store, sparse, caplog, damage):
+    """Cold records are checked when a step reads them (reading them all up front would read the whole pool): the
+    answer starts over cold, and the tokens streamed before the damage showed are not streamed again."""
     ask(tiny_llm, document, store, FIRST, sparse)
     cold = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, sparse, progress=False)
+    (damaged,) = store.entries()
     _damage(store, damage)
+    streamed, texts = [], []
+    with caplog.at_level(logging.WARNING):
+        warm = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, sparse, progress=False, kv_store=store,
+                        on_token=streamed.append, on_text=texts.append)
+    assert warm.token_ids == streamed == cold.token_ids and "".join(texts) == cold.text
+    assert warm.reused_prompt_tokens == 0 and 0 < warm.ttft_s
+    (warning,) = [record.getMessage() for record in caplog.records if record.name == store_module.__name__]
+    assert f"KV store entry {damaged.id} is damaged" in warning and "checksum mismatch" in warning
+    (fresh,) = store.entries()  # the recomputed prompt stored again, with a whole image
+    again = ask(tiny_llm, document, store, SECOND, sparse)
+    assert again.reused_prompt_tokens > 0 and again.token_ids == cold.token_ids
+    assert [entry.id for entry in store.entries()] == [fresh.id]  # its image opened: nothing was reported damaged
+
+
+def test_a_recomputed_answer_that_differs_from_the_streamed_tokens_stops_with_an_error(tiny_llm, document, store,
+                                                                                     sparse):
+    """A `choose` whose draws do not repeat (sampling) cannot give the streamed tokens again: no divergent answer."""
+    ask(tiny_llm, document, store, FIRST, sparse)
+    _damage(store, "flip cold.kv")
+    draws, streamed = itertools.count(5), []
+    with pytest.raises(RecomputeDiverged, match="differs from the one already streamed at new token 1"):
+        generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, sparse, progress=False, kv_store=store,
+                 on_token=streamed.append, choose=lambda logits: next(draws))
+    assert streamed == [5]  # the first attempt's one token, not the second attempt's
+
+
+def test_on_corrupt_fail_raises_damage_found_while_decoding_and_keeps_the_entry(tiny_llm, document, tmp_path, sparse):
+    store = DocumentStore(tmp_path / "store", on_corrupt="fail")
+    ask(tiny_llm, document, store, FIRST, sparse)
+    (entry,) = store.entries()
+    _damage(store, "flip cold.kv")
     with pytest.raises(ChecksumError, match="checksum mismatch"):
         ask(tiny_llm, document, store, SECOND, sparse)
-    assert store.entries() == []  # dropped: the next question recomputes
-    assert ask(tiny_llm, document, store, SECOND, sparse).token_ids == cold.token_ids
+    assert [kept.id for kept in store.entries()] == [entry.id]
 
 
 def test_on_corrupt_fail_raises_and_keeps_the_entry(tiny_llm, document, tmp_path, sparse):
@@ -157,9 +265,9 @@ def _damage(store, how: str) -> None:
         path.unlink()
     elif action == "truncate":
         os.truncate(path, path.stat().st_size - PAGE)
-    elif name in ("cold.kv", "cold.sketch"):  # a byte in every stored page: whichever a step reads is damaged
+    elif name in ("cold.kv", "cold.sketch"):  # a byte in every stored sector: whichever a step reads is damaged
         data = bytearray(path.read_bytes())
-        data[7::PAGE] = bytes(byte ^ 0x10 for byte in data[7::PAGE])
+        data[7::SECTOR] = bytes(byte ^ 0x10 for byte in data[7::SECTOR])
         path.write_bytes(bytes(data))
     else:
         data = bytearray(path.read_bytes())

@@ -15,6 +15,12 @@ A later run of the same settings (`image_key`) opens it (`ColdImage.open`):
 every file is checked before use, its cold files are read in place through
 read-only descriptors (ColdPool's base; the scorer's StoredSketches) and its
 hot pool is taken from the replayed prefix K/V by the stored positions.
+
+Such a run may publish a longer prompt (a question that extends the document)
+with an image of its own: its pool's slots are still the base image's where the
+channel's overlay bit is 0, so each page is copied from the base or from the
+run's own file, with that file's crc; a page holding records of both is read
+from both, checked in both, merged and given a new crc.
 """
 
 from __future__ import annotations
@@ -23,14 +29,17 @@ import io
 import logging
 import os
 import shutil
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kvtier.errors import StorageError
+from kvtier.errors import ChecksumError, StorageError
 from kvtier.sparse.record_file import RecordFile, RecordLayout
-from kvtier.storage import IOEngine, checksum, direct_read_unit, fsync_directory, open_direct, write_new_file
+from kvtier.storage import (
+    IOEngine, checksum, direct_read_unit, fsync_directory, open_direct, round_up, write_new_file,
+)
 from kvtier.storage.checksum import PageChecksums
 from kvtier.storage.sealed_json import BrokenSeal, seal, unseal
 
@@ -66,17 +75,22 @@ def image_key(runtime) -> dict:
 
 def save_image(directory: Path, runtime, layers: list, tokens: int) -> None:
     """Write the image of the placed `layers` (SparseLayers, in tier order) for positions < `tokens`; nothing for a
-    batch (a document entry holds one sequence) or an empty pool."""
+    batch (a document entry holds one sequence) or an empty pool. A pool over a stored image (ColdPool's base)
+    images the base's records where its slots are still the base's."""
     if runtime.batch != 1 or runtime.plan is None:
+        return
+    if runtime.image is not None and runtime.image.kv_pages.page != runtime.cold.kv.page:
+        log.warning("the stored sparse image's %d-byte pages differ from this disk's %d: the document is stored "
+                    "without its sparse tiers", runtime.image.kv_pages.page, runtime.cold.kv.page)
         return
     directory.mkdir()
     try:
         imaged = [_imaged_layer(layer, runtime, tokens) for layer in layers]
         cold = runtime.cold
-        files = [(cold.kv, KV), (cold.sketches, SKETCH)]
-        for file, name in files:
-            runs = _copy_regions(file, directory / name, [len(layer.cold) for layer in imaged])
-            write_new_file(directory / (name + CRC), file.pages.take(runs).to_bytes())
+        owned = [cold.channel.overlay[tier, 0, : len(layer.cold)].astype(bool) for tier, layer in enumerate(imaged)]
+        for name, own, base in _record_files(runtime):
+            pages = _copy_regions(own, base, directory / name, owned)
+            write_new_file(directory / (name + CRC), pages.to_bytes())
         tables = _tables_bytes(imaged)
         write_new_file(directory / TABLES, tables)
         write_new_file(directory / META, seal({
@@ -104,30 +118,107 @@ def _imaged_layer(layer, runtime, tokens: int) -> ImagedLayer:
                        layer.table.idle(0, np.arange(limit)))
 
 
-def _copy_regions(file: RecordFile, target: Path, counts: list[int]) -> list[tuple[int, int]]:
-    """Copy each layer's first `counts[layer]` records of sequence 0 to `target` at the same offsets; the byte runs."""
-    layout, runs = file.layout, []
-    source = os.open(file.path, os.O_RDONLY)  # buffered: copy_file_range stays in the kernel
-    try:
+@dataclass
+class _Records:
+    """A cold-pool record file to copy from: where it is, its layout, the crc of every page; `fd` once opened."""
+
+    path: str
+    layout: RecordLayout
+    pages: PageChecksums
+    fd: int = -1
+
+    def open(self, files: ExitStack) -> _Records:
+        self.fd = os.open(self.path, os.O_RDONLY)  # buffered: copy_file_range stays in the kernel
+        files.callback(os.close, self.fd)
+        return self
+
+    def first_page(self, layer: int) -> int:
+        """The first page of `layer`'s region (sequence 0)."""
+        return self.layout.region_offset(layer, 0) // self.pages.page
+
+
+def _record_files(runtime) -> list[tuple[str, _Records, _Records | None]]:
+    """(image file name, the pool's own file, the stored image's file under it or None) for K|V and sketches."""
+    cold, image = runtime.cold, runtime.image
+    return [(name, _Records(own.path, own.layout, own.pages), image.records(name) if image is not None else None)
+            for name, own in ((KV, cold.kv), (SKETCH, cold.sketches))]
+
+
+def _copy_regions(own: _Records, base: _Records | None, target: Path, owned: list[np.ndarray]) -> PageChecksums:
+    """Copy each layer's first len(owned[layer]) records of sequence 0 to `target`, laid out as `own`: a record from
+    `own` where `owned` is True, else from `base`; the target's page crcs."""
+    layout, page = own.layout, own.pages.page
+    pages = PageChecksums(layout.file_bytes // page, page)
+    with ExitStack() as files:
+        sources = {True: own.open(files), False: base.open(files) if base is not None else None}
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.ftruncate(fd, layout.file_bytes)  # the regions' tails stay holes
-            for layer, count in enumerate(counts):
-                offset, nbytes = layout.region_offset(layer, 0), layout.prefix_bytes(count)
-                _copy_range(source, fd, offset, nbytes)
-                runs.append((offset, nbytes))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    finally:
-        os.close(source)
+        files.callback(os.close, fd)
+        os.ftruncate(fd, layout.file_bytes)  # the regions' tails stay holes
+        for layer, mine in enumerate(owned):
+            target_first = own.first_page(layer)
+            for first, stop, whose in _page_runs(mine, layout.record_bytes, page):
+                if whose is None:  # a page holding records of both: checked in both, merged, given a new crc
+                    merged = _merged_page(own, base, layer, first, mine)
+                    os.pwrite(fd, merged, (target_first + first) * page)
+                    pages.record(target_first + first, pages.of(merged))
+                else:  # copied whole in the kernel, with the source's crcs (checked when a reader reads it)
+                    source = sources[whose]
+                    source_first = source.first_page(layer) + first
+                    _copy_range(source.fd, fd, source_first * page, (target_first + first) * page,
+                                (stop - first) * page)
+                    pages.copy(target_first + first, source.pages, source_first, stop - first)
+        os.fsync(fd)
+    return pages
+
+
+def _page_runs(mine: np.ndarray, record_bytes: int, page: int) -> list[tuple[int, int, bool | None]]:
+    """Runs (first page, stop page, True: own records only | False: the base's only | None: one page of both) over
+    the `page`-byte pages holding records 0..len(mine)-1, where `mine[slot]` says whose record the slot is."""
+    count = len(mine)
+    pages = round_up(count * record_bytes, page) // page
+    starts = np.arange(count) * record_bytes
+    first, last = starts // page, (starts + record_bytes - 1) // page
+
+    def touched(slots: np.ndarray) -> np.ndarray:
+        marks = np.zeros(pages + 1, dtype=np.int64)
+        np.add.at(marks, first[slots], 1)
+        np.add.at(marks, last[slots] + 1, -1)
+        return np.cumsum(marks)[:pages] > 0
+
+    has_own, has_base = touched(mine), touched(~mine)
+    kind = np.where(has_own & has_base, 2, has_own.astype(np.int64))  # 0 base, 1 own, 2 both
+    edges = [0, *(np.flatnonzero(np.diff(kind)) + 1).tolist(), pages] if pages else []
+    runs = []
+    for start, stop in zip(edges, edges[1:]):
+        if kind[start] == 2:
+            runs.extend((page, page + 1, None) for page in range(start, stop))
+        else:
+            runs.append((start, stop, bool(kind[start])))
     return runs
 
 
-def _copy_range(source: int, target: int, offset: int, nbytes: int) -> None:
+def _merged_page(own: _Records, base: _Records, layer: int, page: int, mine: np.ndarray) -> np.ndarray:
+    """Page `page` of `layer`'s region from both files' pages (each checked): every record's bytes from its file."""
+    own_bytes, base_bytes = _checked_page(own, layer, page), _checked_page(base, layer, page)
+    size = own.pages.page
+    slot = (page * size + np.arange(size)) // own.layout.record_bytes  # the slot of each byte of the page
+    take_own = (slot < len(mine)) & mine[np.minimum(slot, len(mine) - 1)]
+    return np.where(take_own, own_bytes, base_bytes)
+
+
+def _checked_page(records: _Records, layer: int, page: int) -> np.ndarray:
+    number, size = records.first_page(layer) + page, records.pages.page
+    data = np.frombuffer(os.pread(records.fd, size, number * size), dtype=np.uint8)
+    problem = records.pages.mismatch_at(np.array([number]), data)
+    if problem is not None:
+        raise ChecksumError(f"{records.path}: cold records of layer {layer}: {problem}; the file is damaged")
+    return data
+
+
+def _copy_range(source: int, target: int, source_offset: int, target_offset: int, nbytes: int) -> None:
     done = 0
     while done < nbytes:
-        copied = os.copy_file_range(source, target, nbytes - done, offset + done, offset + done)
+        copied = os.copy_file_range(source, target, nbytes - done, source_offset + done, target_offset + done)
         if copied == 0:
             raise OSError(0, "the cold-pool file ended before its records did")
         done += copied
@@ -145,7 +236,7 @@ class ColdImage:
     """A stored image opened for reuse: its tables in memory, its cold files checked and read in place."""
 
     def __init__(self, directory: Path, meta: dict, layers: list[ImagedLayer], kv_pages: PageChecksums,
-                 tokens: int, bytes_read: int) -> None:
+                 sketch_pages: PageChecksums, tokens: int, bytes_read: int) -> None:
         self.directory = directory
         self.plan = meta["plan"]
         self.kv_layout = RecordLayout(**meta["kv_layout"])
@@ -153,6 +244,7 @@ class ColdImage:
         self.sketch_page = meta["sketch_page"]
         self.layers = layers
         self.kv_pages = kv_pages
+        self.sketch_pages = sketch_pages  # the scorer reads the sketches; a run storing an image copies them
         self.tokens = tokens  # positions below this are the image's (the stored and reused prefix, pooled)
         self.bytes_read = bytes_read  # tables and checksums; the cold files are read in place, per step
 
@@ -173,7 +265,7 @@ class ColdImage:
         layers = _parse_tables(tables, key["layers"], directory)
         kv_layout, sketch_layout = RecordLayout(**meta["kv_layout"]), RecordLayout(**meta["sketch_layout"])
         kv_pages = _read_pages(directory / (KV + CRC), kv_layout, meta["kv_page"])
-        _read_pages(directory / (SKETCH + CRC), sketch_layout, meta["sketch_page"])  # the scorer loads it again
+        sketch_pages = _read_pages(directory / (SKETCH + CRC), sketch_layout, meta["sketch_page"])  # the scorer's too
         for name, layout in ((KV, kv_layout), (SKETCH, sketch_layout)):
             _check_size(directory / name, layout.file_bytes)
         unit = _read_unit(directory / KV)
@@ -182,11 +274,20 @@ class ColdImage:
                         "placing the prefix again", meta["kv_page"], unit)
             return None
         read = sum((directory / name).stat().st_size for name in (META, TABLES, KV + CRC, SKETCH + CRC))
-        return cls(directory, meta, layers, kv_pages, min(tokens, meta["tokens"]), read)
+        return cls(directory, meta, layers, kv_pages, sketch_pages, min(tokens, meta["tokens"]), read)
 
     def kv_file(self, io_engine: IOEngine) -> RecordFile:
         """The stored K|V records, read-only, every page read checked."""
         return RecordFile(str(self.directory / KV), self.kv_layout, io_engine, stored_pages=self.kv_pages)
+
+    def records(self, name: str) -> _Records:
+        """The stored file `name` (KV or SKETCH) to copy records from."""
+        layout, pages = (self.kv_layout, self.kv_pages) if name == KV else (self.sketch_layout, self.sketch_pages)
+        return _Records(str(self.directory / name), layout, pages)
+
+    def holds(self, error: StorageError) -> bool:
+        """Whether `error` is about one of this image's files (storage errors name their file first)."""
+        return str(error).startswith(f"{self.directory}{os.sep}")
 
     def scorer_config(self) -> dict:
         """What the scorer needs to read the stored sketches (sketch_scorer.StoredSketches)."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from kvtier.errors import ChecksumError
 from kvtier.sparse.record_file import PagePlan, RecordLayout, open_for_reading
-from kvtier.storage import PAGE, IOEngine, aligned_buffer
+from kvtier.storage import PAGE, IOEngine, aligned_buffer, round_up
 from kvtier.storage.checksum import PageChecksums
 
 
@@ -36,10 +36,13 @@ class StoredSketches:
         """The first len(overlay) sketches of (layer, seq) into `buffer` (page-aligned): the image's where `overlay`
         is 0, the own file's where it is 1; the bytes read. Raises ChecksumError when an image page fails."""
         stored = np.flatnonzero(overlay == 0)
-        nbytes = self.layout.prefix_bytes(int(stored[-1]) + 1) if len(stored) else 0
+        count = int(stored[-1]) + 1 if len(stored) else 0
+        nbytes = self.layout.prefix_bytes(count)
         if nbytes:
             io.read_runs(self.fd, [(self.layout.region_offset(layer, seq), [memoryview(buffer[:nbytes])])])
-            problem = self.pages.mismatch(self.layout.region_offset(layer, seq), buffer[:nbytes])
+            # the pages holding the records: an image keeps no crc of a 4 KiB page's sectors past its last record
+            held = round_up(count * self.layout.record_bytes, self.pages.page)
+            problem = self.pages.mismatch(self.layout.region_offset(layer, seq), buffer[:held])
             if problem is not None:
                 raise ChecksumError(f"{self.path}: stored sketches of layer {layer}: {problem}; the KV store entry "
                                     "is damaged")

@@ -111,14 +111,11 @@ class PageChecksums:
         stored = int(self._crcs[number])
         return f"checksum mismatch in {where} (stored 0x{stored:08x}, read 0x{int(found[first]):08x})"
 
-    def take(self, runs: list[tuple[int, int]]) -> PageChecksums:
-        """A table of the same size holding only the pages of `runs` (byte offset, byte count); the rest unwritten."""
-        kept = PageChecksums(len(self._crcs), self.page)
-        for offset, nbytes in runs:
-            pages = slice(offset // self.page, (offset + nbytes) // self.page)
-            kept._crcs[pages] = self._crcs[pages]
-            kept._written[pages] = self._written[pages]
-        return kept
+    def copy(self, first_page: int, source: PageChecksums, source_first: int, count: int) -> None:
+        """Pages first_page.. take the entries of `source`'s pages source_first.. (their bytes were copied there)."""
+        taken = slice(source_first, source_first + count)
+        self._crcs[first_page : first_page + count] = source._crcs[taken]
+        self._written[first_page : first_page + count] = source._written[taken]
 
     def to_bytes(self) -> bytes:
         """The table for a file that outlives its writer: crcs, written flags, then a crc32c of both."""
