@@ -26,8 +26,9 @@ def read_all(directory, blocks):
 
 
 @pytest.mark.parametrize("dtype, name", [(torch.float32, "float32"), (torch.bfloat16, "bfloat16")])
-def test_any_prefix_of_whole_blocks_reads_back_exactly(tmp_path, dtype, name):
-    writer, whole = write_entry(tmp_path / "entry", dtype=dtype, dtype_name=name)
+@pytest.mark.parametrize("chunk", [45, 3 * BLOCK + 8])  # updates shorter than a block, or holding several
+def test_any_prefix_of_whole_blocks_reads_back_exactly(tmp_path, dtype, name, chunk):
+    writer, whole = write_entry(tmp_path / "entry", chunk=chunk, dtype=dtype, dtype_name=name)
     assert writer.blocks_written == 5 and read_meta(tmp_path / "entry").blocks == block_names("key", 5)
     for blocks in (1, 3, 5):
         for layer, keys, values in read_all(tmp_path / "entry", blocks):

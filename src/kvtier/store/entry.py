@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import wait
 from pathlib import Path
 
 import numpy as np
@@ -95,26 +96,48 @@ class EntryWriter:
 def read_layers(directory: Path, meta: EntryMeta, blocks: int, io: IOEngine) -> Iterator[tuple[int, torch.Tensor,
                                                                                                   torch.Tensor]]:
     """(layer, K, V [1, heads, blocks * block_tokens, head_dim]) of the first `blocks` blocks, every record verified
-    (O_DIRECT where the filesystem allows it)."""
+    (O_DIRECT where the filesystem allows it). The next layer is read while the caller uses this one."""
     fd, _ = open_direct(directory / KV, os.O_RDONLY)
+    reading: _LayerRead | None = None
     try:
         size = os.fstat(fd).st_size
         if size != meta.nbytes:
             raise CorruptEntry(f"{directory / KV}: truncated ({size} bytes of {meta.nbytes})")
         stored = np.asarray(meta.crc32c, dtype=np.uint32)
+        reading = _LayerRead(fd, meta, blocks, 0, io)
         for layer in range(len(meta.layers)):
-            yield (layer, *_read_layer(fd, directory, meta, stored, blocks, layer, io))
+            buffer = reading.result()
+            reading = _LayerRead(fd, meta, blocks, layer + 1, io) if layer + 1 < len(meta.layers) else None
+            yield (layer, *_verified_layer(buffer, directory, meta, stored, blocks, layer))
     finally:
+        if reading is not None:
+            reading.settle()  # the descriptor stays open until no thread reads through it
         os.close(fd)
 
 
-def _read_layer(fd: int, directory: Path, meta: EntryMeta, stored: np.ndarray, blocks: int, layer: int,
-                io: IOEngine) -> tuple[torch.Tensor, torch.Tensor]:
+class _LayerRead:
+    """One layer's records of the first `blocks` blocks, being read into a [2, heads, blocks, record] buffer."""
+
+    def __init__(self, fd: int, meta: EntryMeta, blocks: int, layer: int, io: IOEngine) -> None:
+        heads, _ = meta.layers[layer]
+        self.buffer = aligned_buffer(2 * heads * blocks * meta.record_bytes(layer)).reshape(2, heads, blocks, -1)
+        self.future = io.submit_read_runs(fd, [(meta.region_offset(layer, kind, head),
+                                                [memoryview(self.buffer[kind, head].reshape(-1))])
+                                               for kind in (0, 1) for head in range(heads)])
+
+    def result(self) -> np.ndarray:
+        self.future.result()
+        return self.buffer
+
+    def settle(self) -> None:
+        wait([self.future])
+
+
+def _verified_layer(buffer: np.ndarray, directory: Path, meta: EntryMeta, stored: np.ndarray, blocks: int,
+                    layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V of one layer's records read into `buffer`, after every record is checked against its crc."""
     heads, head_dim = meta.layers[layer]
     record = meta.record_bytes(layer)
-    buffer = aligned_buffer(2 * heads * blocks * record).reshape(2, heads, blocks, record)
-    io.read_runs(fd, [(meta.region_offset(layer, kind, head), [memoryview(buffer[kind, head].reshape(-1))])
-                      for kind in (0, 1) for head in range(heads)])
     for kind in (0, 1):
         for head in range(heads):
             first = meta.record_index(layer, kind, head, 0)  # a head's blocks are consecutive records
@@ -131,7 +154,12 @@ def _pending_tokens(pending: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
 
 
 def _take_tokens(pending: list[tuple[torch.Tensor, torch.Tensor]], count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first `count` tokens' K/V [heads, count, head_dim] of a layer's pending updates, removed from them."""
-    keys, values = torch.cat([k for k, _ in pending], dim=1), torch.cat([v for _, v in pending], dim=1)
-    pending[:] = [(keys[:, count:], values[:, count:])] if keys.shape[1] > count else []
+    """The first `count` tokens' K/V [heads, count, head_dim] of a layer's pending updates, removed from them.
+
+    Views of the first update where it holds them: joining every pending update per block would copy the rest of a
+    long one (a replayed prefix) once per block."""
+    if pending[0][0].shape[1] < count:  # the block straddles updates: join them
+        pending[:] = [(torch.cat([k for k, _ in pending], dim=1), torch.cat([v for _, v in pending], dim=1))]
+    keys, values = pending[0]
+    pending[:1] = [(keys[:, count:], values[:, count:])] if keys.shape[1] > count else []
     return keys[:, :count], values[:, :count]

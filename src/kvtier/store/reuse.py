@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -67,8 +67,9 @@ class PromptReuse:
             return 0
         entry = self.match.entry
         try:
-            with IOEngine(READ_THREADS) as io:
-                for layer, keys, values in read_layers(entry.path, entry.meta, self.match.blocks, io):
+            with IOEngine(READ_THREADS) as io, \
+                    closing(read_layers(entry.path, entry.meta, self.match.blocks, io)) as layers:
+                for layer, keys, values in layers:  # the next layer is read meanwhile
                     cache.update(keys.to(self.device), values.to(self.device), layer)
         except FileNotFoundError:  # removed by another process since the lookup
             raise CorruptEntry(f"KV store entry {entry.id} disappeared while it was read") from None
