@@ -122,7 +122,7 @@ def generate(
                _eos_ids(llm) if eos_token_ids is None else eos_token_ids, _Stream(llm.tokenizer, on_text, on_token))
     with torch.inference_mode():
         result = run.once(reuse)
-        if result is None:  # a stored image failed a check while decoding: its entry is gone, answer cold
+        if result is None:  # a stored image failed a check after the prompt went in: its entry is gone, answer cold
             result = run.once(reuse)
     result.ttft_s = run.stream.first_at - requested
     return result
@@ -313,9 +313,9 @@ def _image_failed(cache, error: ChecksumError) -> bool:
 
 
 def _forget_damaged_image(reuse: PromptReuse, prompt_in: _PromptIn, error: ChecksumError) -> None:
-    """After a stored image failed a check while decoding: the entry being written is dropped (its image holds
-    copies of the damaged records); `fail` raises the error and keeps the damaged entry, `recompute` removes it
-    and forgets the match, so the prompt is answered again cold."""
+    """After a stored image failed a check (while decoding, or copied into the entry being written): the entry
+    being written is dropped (its image holds copies of the damaged records); `fail` raises the error and keeps
+    the damaged entry, `recompute` removes it and forgets the match, so the prompt is answered again cold."""
     prompt_in.discard_entry(reuse)
     if reuse.store.on_corrupt == "fail":
         raise error
