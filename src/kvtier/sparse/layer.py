@@ -92,9 +92,6 @@ class SparseLayer(WindowedLayer):
         elif pool.stop > pool.start:
             self._split(pool)
         self._observation = None
-        # the most it holds before a batched demotion: growing it mid-decode would copy the pool in a decode step
-        settings = self.runtime.settings
-        self.hot.reserve(self.runtime.hot_tokens + settings.demote_batch + settings.retire_batch)
 
     def _split(self, pool: slice) -> None:
         """Place the pool's tokens hot or cold by observation-window importance, within the hot pool's room."""
@@ -102,6 +99,7 @@ class SparseLayer(WindowedLayer):
         hot_count = min(self.runtime.hot_tokens_for(importance), self.runtime.hot_tokens - self.hot.used)
         hot_index, cold_index = split_hot_cold(importance, hot_count)
         pool_keys, pool_values = self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu()
+        self._reserve_hot()
         self.hot.append(take_tokens(pool_keys, hot_index), take_tokens(pool_values, hot_index), hot_index + pool.start)
         if cold_index.shape[1]:
             self.runtime.cold.append(self.tier, take_tokens(pool_keys, cold_index), take_tokens(pool_values, cold_index),
@@ -114,9 +112,16 @@ class SparseLayer(WindowedLayer):
         is written), its hot positions are taken from the prompt's K/V, its hit table is restored."""
         hot_positions = stored.hot[stored.hot < imaged][None, :]
         index = torch.from_numpy(hot_positions[0])
+        self._reserve_hot()
         self.hot.append(self.keys[:, :, index].cpu(), self.values[:, :, index].cpu(), hot_positions)
         self.runtime.cold.adopt(self.tier, stored.cold[: np.searchsorted(stored.cold, imaged)])
         self.table.restore(stored.hits[:imaged], stored.idle[:imaged])
+
+    def _reserve_hot(self) -> None:
+        """Room in the hot pool, before its first tokens, for the most it holds (planned + a demotion batch + a
+        retirement batch): growing it later would copy the pool, in a decode step at the first retirement."""
+        settings = self.runtime.settings
+        self.hot.reserve(self.runtime.hot_tokens + settings.demote_batch + settings.retire_batch)
 
     def _importance(self) -> torch.Tensor:
         if self._observation is None:  # a prompt fed token by token: no window, keep newer tokens hot
