@@ -41,6 +41,7 @@ from kvtier.storage import (
     IOEngine, checksum, direct_read_unit, fsync_directory, open_direct, round_up, write_new_file,
 )
 from kvtier.storage.checksum import PageChecksums
+from kvtier.storage.pages import pages_holding
 from kvtier.storage.sealed_json import BrokenSeal, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -174,24 +175,20 @@ def _copy_regions(own: _Records, base: _Records | None, target: Path, owned: lis
 def _page_runs(mine: np.ndarray, record_bytes: int, page: int) -> list[tuple[int, int, bool | None]]:
     """Runs (first page, stop page, True: own records only | False: the base's only | None: one page of both) over
     the `page`-byte pages holding records 0..len(mine)-1, where `mine[slot]` says whose record the slot is."""
-    count = len(mine)
-    pages = round_up(count * record_bytes, page) // page
-    starts = np.arange(count) * record_bytes
-    first, last = starts // page, (starts + record_bytes - 1) // page
+    pages = round_up(len(mine) * record_bytes, page) // page
 
     def touched(slots: np.ndarray) -> np.ndarray:
-        marks = np.zeros(pages + 1, dtype=np.int64)
-        np.add.at(marks, first[slots], 1)
-        np.add.at(marks, last[slots] + 1, -1)
-        return np.cumsum(marks)[:pages] > 0
+        held = np.zeros(pages, dtype=bool)
+        held[pages_holding(slots, record_bytes, max_gap=0, page=page)] = True
+        return held
 
-    has_own, has_base = touched(mine), touched(~mine)
+    has_own, has_base = touched(np.flatnonzero(mine)), touched(np.flatnonzero(~mine))
     kind = np.where(has_own & has_base, 2, has_own.astype(np.int64))  # 0 base, 1 own, 2 both
     edges = [0, *(np.flatnonzero(np.diff(kind)) + 1).tolist(), pages] if pages else []
     runs = []
     for start, stop in zip(edges, edges[1:]):
         if kind[start] == 2:
-            runs.extend((page, page + 1, None) for page in range(start, stop))
+            runs.extend((number, number + 1, None) for number in range(start, stop))
         else:
             runs.append((start, stop, bool(kind[start])))
     return runs

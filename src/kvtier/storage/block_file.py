@@ -109,8 +109,7 @@ class KVBlockFile:
             os.unlink(path)
             raise
         engine = io or IOEngine()
-        unit = direct_file.direct_read_unit(fd, direct)
-        pages = PageChecksums(layout.data_bytes // unit, unit) if page_checksums else None
+        pages = _page_checksums(fd, direct, layout) if page_checksums else None
         return cls(path, fd, direct, header, ChecksumTable(layout.num_slots), engine, owns_io=io is None, pages=pages)
 
     @classmethod
@@ -326,6 +325,12 @@ class KVBlockFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _page_checksums(fd: int, direct: bool, layout: BlockLayout) -> PageChecksums:
+    """An empty table of the data region's page crcs, in the pages `fd` reads (direct_file.direct_read_unit)."""
+    unit = direct_file.direct_read_unit(fd, direct)
+    return PageChecksums(layout.data_bytes // unit, unit)
 
 
 def _check_directory(directory: str) -> None:
