@@ -46,9 +46,9 @@ def test_reserve_makes_exact_room_that_appends_then_fill_without_growing():
     pool, _ = _pool(3)
     pool.reserve(80)
     assert pool.capacity == 80 and pool.used == 3
-    keys = pool.keys
+    key_columns = pool.key_columns
     pool.append(torch.ones(2, 2, 77, 4), torch.ones(2, 2, 77, 4), np.full((2, 77), 9))
-    assert pool.keys is keys and pool.used == 80  # filled in place: no copy of the pool
+    assert pool.key_columns is key_columns and pool.used == 80  # filled in place: no copy of the pool
     pool.append(torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4), np.full((2, 1), 10))
     assert pool.capacity == 160 and pool.positions[0, 80] == 10  # past it, appends double the room
     pool.reserve(10)

@@ -1,5 +1,5 @@
-"""Exact attention over the device window and the chosen tokens: partial softmaxes merge exactly, and the
-CPU path (hot tokens in place) equals the gathered path used for other devices."""
+"""Exact attention over the device window and the chosen tokens: one softmax over segments equals the softmax over
+all their tokens, and attention over the chosen hot and cold tokens equals dense attention over exactly them."""
 
 import math
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.sparse.selection import Partial, Picks, Segment, cold_fetched, hot_gathered, hot_in_place, window_segment
+from kvtier.sparse.selection import Picks, Segment, cold_fetched, exact_attention, hot_chosen, window_segment
 
 B, HKV, G, D = 2, 2, 3, 8
 
@@ -25,15 +25,13 @@ def _segment(query, keys, values, first):
     return Segment(torch.matmul(grouped, keys.transpose(2, 3)), values, positions)
 
 
-def test_partials_over_split_tokens_merge_to_the_softmax_over_all():
+def test_attention_over_segments_equals_the_softmax_over_all_their_tokens():
     gen = torch.Generator().manual_seed(0)
     query = torch.randn(B, HKV * G, 1, D, generator=gen)
     keys, values = torch.randn(B, HKV, 30, D, generator=gen), torch.randn(B, HKV, 30, D, generator=gen)
     scaling = D ** -0.5
-    parts = [_segment(query, keys[:, :, a:b], values[:, :, a:b], a) for a, b in ((0, 7), (7, 19), (19, 30))]
-    merged = Partial.over(parts[:2], scaling).merge(Partial.over(parts[2:], scaling))
-    torch.testing.assert_close(merged.output(query), _dense_attention(query, keys, values, scaling))
-    assert Partial.over([_segment(query, keys[:, :, :0], values[:, :, :0], 0)], scaling) is None
+    parts = [_segment(query, keys[:, :, a:b], values[:, :, a:b], a) for a, b in ((0, 7), (7, 7), (7, 19), (19, 30))]
+    torch.testing.assert_close(exact_attention(parts, query, scaling), _dense_attention(query, keys, values, scaling))
 
 
 def test_a_boolean_mask_drops_its_tokens_exactly():
@@ -42,7 +40,7 @@ def test_a_boolean_mask_drops_its_tokens_exactly():
     keys, values = torch.randn(B, HKV, 12, D, generator=gen), torch.randn(B, HKV, 12, D, generator=gen)
     mask = torch.ones(B, 1, 1, 12, dtype=torch.bool)
     mask[:, :, :, 5] = False
-    masked = Partial.over([_segment(query, keys, values, 0)], 0.3, attention_mask=mask).output(query)
+    masked = exact_attention([_segment(query, keys, values, 0)], query, 0.3, attention_mask=mask)
     keep = [i for i in range(12) if i != 5]
     torch.testing.assert_close(masked, _dense_attention(query, keys[:, :, keep], values[:, :, keep], 0.3))
 
@@ -56,26 +54,28 @@ def test_picks_take_the_top_alpha_share_and_split_hot_from_cold():
     assert picks.hot_count + picks.cold_count == 2 * math.ceil(3 / 7 * 7)
 
 
-@pytest.mark.parametrize("seed", [2, 3])
-def test_hot_in_place_equals_hot_gathered_and_dense_over_the_chosen(seed):
+@pytest.mark.parametrize("seed, hot_picks, cold_picks", [(2, [[1, 4, 7, 19], [0, 2]], [[3], [0, 5, 8]]),
+                                                        (3, [[1, 4, 7, 19], [0, 2]], [[3], [0, 5, 8]]),
+                                                        (4, [[1, 4, 7], [0, 2, 11]], [[3, 4], [0, 8]]),
+                                                        (5, [[], [0, 2, 11]], [[3, 4, 6], [0]])])
+def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed, hot_picks, cold_picks):
+    """Hot and cold counts differ between the sequences (padded) or not (stacked as picked or fetched)."""
     gen = torch.Generator().manual_seed(seed)
     query = torch.randn(B, HKV * G, 1, D, generator=gen)
     grouped = query[:, :, 0].reshape(B, HKV, G, D)
     hot_keys, hot_values = torch.randn(B, HKV, 20, D, generator=gen), torch.randn(B, HKV, 20, D, generator=gen)
     cold_keys, cold_values = torch.randn(B, HKV, 9, D, generator=gen), torch.randn(B, HKV, 9, D, generator=gen)
     window_keys, window_values = torch.randn(B, HKV, 5, D, generator=gen), torch.randn(B, HKV, 5, D, generator=gen)
-    picks = Picks([np.array([1, 4, 7, 19]), np.array([0, 2])], [np.array([3]), np.array([0, 5, 8])])
+    picks = Picks([np.array(slots, dtype=np.int64) for slots in hot_picks], [np.array(slots) for slots in cold_picks])
     dots = torch.matmul(grouped, hot_keys.transpose(2, 3))
     hot_positions = np.arange(100, 120)[None].repeat(B, 0)
     window = window_segment(grouped, window_keys, window_values, np.arange(5))
     cold = cold_fetched(grouped, [(cold_keys[s][:, picks.cold[s]], cold_values[s][:, picks.cold[s]]) for s in range(B)],
                         [picks.cold[s] + 200 for s in range(B)])
-    outputs = [Partial.over([window, hot(dots, hot_values, hot_positions, picks)], 0.4).merge(
-        Partial.over([cold], 0.4)).output(query) for hot in (hot_in_place, hot_gathered)]
-    torch.testing.assert_close(outputs[0], outputs[1])
-    for seq in range(B):  # and both equal dense attention over exactly the chosen tokens
+    output = exact_attention([window, hot_chosen(dots, hot_values, hot_positions, picks), cold], query, 0.4)
+    for seq in range(B):
         keys = torch.cat([window_keys[seq], hot_keys[seq][:, picks.hot[seq]], cold_keys[seq][:, picks.cold[seq]]], 1)
         values = torch.cat([window_values[seq], hot_values[seq][:, picks.hot[seq]],
                             cold_values[seq][:, picks.cold[seq]]], 1)
         expected = _dense_attention(query[seq : seq + 1], keys[None], values[None], 0.4)
-        torch.testing.assert_close(outputs[0][seq : seq + 1], expected)
+        torch.testing.assert_close(output[seq : seq + 1], expected)

@@ -1,14 +1,20 @@
 import numpy as np
 
 from kvtier.storage.geometry import PAGE, SECTOR
-from kvtier.storage.pages import bridge_gaps, pages_holding, ranges
+from kvtier.storage.pages import page_runs, pages_holding, ranges
 
 
-def test_bridge_gaps_fills_only_short_gaps():
-    pages = np.array([0, 2, 5, 6, 9])
-    np.testing.assert_array_equal(bridge_gaps(pages, 1), [0, 1, 2, 5, 6, 9])  # 3-4 and 7-8 are two pages
-    np.testing.assert_array_equal(bridge_gaps(pages, 2), np.arange(10))
-    np.testing.assert_array_equal(bridge_gaps(pages, 0), pages)
+def test_only_short_gaps_are_bridged():
+    slots = np.array([0, 2, 5, 6, 9])  # one page per record: pages 0, 2, 5, 6, 9
+    np.testing.assert_array_equal(pages_holding(slots, PAGE, max_gap=1), [0, 1, 2, 5, 6, 9])  # 3-4, 7-8: two pages
+    np.testing.assert_array_equal(pages_holding(slots, PAGE, max_gap=2), np.arange(10))
+    np.testing.assert_array_equal(pages_holding(slots, PAGE, max_gap=0), slots)
+
+
+def test_runs_are_the_first_page_and_count_of_each_stretch_of_adjacent_pages():
+    first, counts = page_runs(np.array([9, 0, 2, 5, 6]), PAGE, max_gap=1)  # unsorted slots are sorted first
+    np.testing.assert_array_equal(first, [0, 5, 9])
+    np.testing.assert_array_equal(counts, [3, 2, 1])
 
 
 def test_a_record_straddling_a_page_boundary_needs_both_pages():
@@ -45,3 +51,7 @@ def test_many_scattered_records_give_the_pages_a_per_record_loop_gives():
         for slot in slots.tolist():
             expected.update(range(slot * record_bytes // page, ((slot + 1) * record_bytes - 1) // page + 1))
         np.testing.assert_array_equal(pages_holding(slots, record_bytes, max_gap=0, page=page), sorted(expected))
+        bridged = sorted(expected)
+        bridged += [page for before, after in zip(bridged, bridged[1:]) if after - before <= 3  # gaps of <= 2 pages
+                    for page in range(before + 1, after)]
+        np.testing.assert_array_equal(pages_holding(slots, record_bytes, max_gap=2, page=page), sorted(bridged))

@@ -6,7 +6,10 @@ promotions are swaps), so the pool is a dense [batch, heads, slots, head_dim]
 tensor pair plus each slot's token position. The host scores it with the
 full-precision keys while the storage scorer works on the cold pool; the raw
 q.k it computes per query head are also the chosen hot tokens' attention
-logits (selection.py), so the keys are read once per step.
+logits (selection.py), so the keys are read once per step. Keys are stored
+column-major ([batch, heads, head_dim, slots]): that product, the pool's
+per-layer hot spot, then reads them contiguously (about a third faster on
+the development VM than through a transposed view: docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -21,14 +24,19 @@ class HotPool:
     def __init__(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, reserve: int = 0,
                  pin: bool = False) -> None:
         self.pin = pin  # page-locked, for fast copies to a CUDA device
-        self.keys = torch.empty(batch, heads, reserve, head_dim, dtype=dtype, pin_memory=pin)
-        self.values = torch.empty_like(self.keys, pin_memory=pin)
+        self.key_columns = torch.empty(batch, heads, head_dim, reserve, dtype=dtype, pin_memory=pin)
+        self.values = torch.empty(batch, heads, reserve, head_dim, dtype=dtype, pin_memory=pin)
         self.positions = np.full((batch, reserve), -1, dtype=np.int64)
         self.used = 0
 
     @property
+    def keys(self) -> torch.Tensor:
+        """The keys as [batch, heads, slots, head_dim] (a view: writes through it land in the pool)."""
+        return self.key_columns.transpose(2, 3)
+
+    @property
     def capacity(self) -> int:
-        return self.keys.shape[2]
+        return self.values.shape[2]
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, positions: np.ndarray) -> None:
         """Add n tokens per sequence: K/V [batch, heads, n, head_dim], positions [batch, n]."""
@@ -45,18 +53,20 @@ class HotPool:
         if slots <= self.capacity:
             return
         extra = slots - self.capacity
-        self.keys, self.values = self._grown(self.keys, slots), self._grown(self.values, slots)
+        self.key_columns = self._grown(self.key_columns, slots, dim=3)
+        self.values = self._grown(self.values, slots, dim=2)
         self.positions = np.concatenate([self.positions, np.full((len(self.positions), extra), -1)], axis=1)
 
     def dots(self, query: torch.Tensor) -> torch.Tensor:
         """Raw q.k [batch, heads, Q, used] (float32) for query [batch, heads, Q, head_dim] (float32)."""
-        keys = self.keys[:, :, : self.used]
-        return torch.matmul(query, keys.transpose(2, 3) if keys.dtype == torch.float32 else keys.float().transpose(2, 3))
+        columns = self.key_columns[..., : self.used]
+        return torch.matmul(query, columns if columns.dtype == torch.float32 else columns.float())
 
-    def _grown(self, tensor: torch.Tensor, slots: int) -> torch.Tensor:
-        batch, heads, used, head_dim = tensor.shape
-        grown = torch.empty(batch, heads, slots, head_dim, dtype=tensor.dtype, pin_memory=self.pin)
-        grown[:, :, :used] = tensor
+    def _grown(self, tensor: torch.Tensor, slots: int, dim: int) -> torch.Tensor:
+        shape = list(tensor.shape)
+        shape[dim] = slots
+        grown = torch.empty(shape, dtype=tensor.dtype, pin_memory=self.pin)
+        grown.narrow(dim, 0, tensor.shape[dim]).copy_(tensor)
         return grown
 
     def score(self, query: torch.Tensor, aggregation: str) -> torch.Tensor:

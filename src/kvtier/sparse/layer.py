@@ -12,9 +12,9 @@ Life of a layer:
    pool) and scores the hot pool meanwhile; of the global top-alpha of the
    pooled tokens, the cold ones are read in full precision from the K/V file
    while the host records the step in the hit table, plans migration and
-   attends over the window and the chosen hot tokens (selection.py); the cold
-   tokens' part of the softmax is merged in when they land. At alpha = 1 every
-   token is attended, so the output equals a dense cache up to float rounding.
+   builds the window's and the chosen hot tokens' logits (selection.py); one
+   softmax covers them all once the cold reads land. At alpha = 1 every token
+   is attended, so the output equals a dense cache up to float rounding.
 4. After attention, off the critical path: the migration policy swaps a
    bounded number of cold and hot tokens, and tokens leaving the recent
    window enter the hot pool `retire_batch` at a time; when it overflows by
@@ -39,7 +39,7 @@ from kvtier.sparse.hit_table import HitTable
 from kvtier.sparse.hot_pool import HotPool, importance
 from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
 from kvtier.sparse.placement import observation_importance, seed_hits, split_hot_cold
-from kvtier.sparse.selection import Partial, Picks, Segment, cold_fetched, hot_gathered, hot_in_place, window_segment
+from kvtier.sparse.selection import Picks, Segment, cold_fetched, exact_attention, hot_chosen, window_segment
 
 if TYPE_CHECKING:
     from kvtier.sparse.runtime import SparseRuntime
@@ -178,8 +178,8 @@ class SparseLayer(WindowedLayer):
 
         Overlapped, not in sequence: the host scores its hot pool while the storage scorer scores the
         cold pool; once the choice is made the cold reads are queued, and while the disk works the host
-        records the step in the hit table, plans migration and attends over the window and the chosen
-        hot tokens; the cold part is merged in when its reads land. `inner` (the model's own attention)
+        records the step in the hit table, plans migration and builds the window's and hot tokens'
+        logits; one softmax covers all three when the reads land. `inner` (the model's own attention)
         is not needed: the hot scores are the logits.
         """
         runtime, step = self.runtime, self.runtime.stats.current
@@ -202,29 +202,28 @@ class SparseLayer(WindowedLayer):
         positions = self._chosen_positions(picks)
         swaps = self._plan_swaps(picks, positions, hot_scores.numpy(), cold_scores.numpy())
         planned = time.perf_counter()
-        scaling = kwargs.get("scaling")
-        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-        softcap = kwargs.get("softcap")
         window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
-        partial = Partial.over([window, self._hot_segment(hot_dots, picks)], scaling, attention_mask, softcap)
-        hot_attended = time.perf_counter()
+        hot = self._hot_segment(hot_dots, picks)
+        segmented = time.perf_counter()
         cold = wait_cold()
         cold_segment = self._cold_segment(grouped, picks, positions, cold)
         cold_fetched = time.perf_counter()
-        output = partial.merge(Partial.over([cold_segment], scaling, attention_mask, softcap)).output(query)
+        scaling = kwargs.get("scaling")
+        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+        output = exact_attention([window, hot, cold_segment], query, scaling, attention_mask, kwargs.get("softcap"))
         attended = time.perf_counter()
-        runtime.promotion_price.observe_fetch(submitted - chosen + cold_fetched - hot_attended, picks.cold_count)
+        runtime.promotion_price.observe_fetch(submitted - chosen + cold_fetched - segmented, picks.cold_count)
         if runtime.on_attend is not None:
             self._report_attended(positions)
         self._apply_swaps(swaps, picks, positions, cold)
         self.retire()
         if step is not None:
             step.score_s += chosen - started
-            step.fetch_s += submitted - chosen + cold_fetched - hot_attended
-            step.attention_s += hot_attended - planned + attended - cold_fetched
+            step.fetch_s += submitted - chosen + cold_fetched - segmented
+            step.attention_s += segmented - planned + attended - cold_fetched
             step.migrate_s += started - settling + planned - submitted + time.perf_counter() - attended
             step.host_time_s += host_scored - started
-            step.storage_time_s += (cold_scored - started if cold_count else 0.0) + cold_fetched - hot_attended
+            step.storage_time_s += (cold_scored - started if cold_count else 0.0) + cold_fetched - segmented
             step.selected_hot += picks.hot_count
             step.selected_cold += picks.cold_count
             step.pooled_hot += self.hot.used * len(query)
@@ -235,15 +234,12 @@ class SparseLayer(WindowedLayer):
     def _chosen_positions(self, picks: Picks) -> np.ndarray:
         """Token positions [B, k] of the chosen tokens, in the order of their logits (hot, then cold)."""
         cold_positions = self.runtime.cold.positions[self.tier]
-        return np.stack([np.concatenate([self.hot.positions[seq, hot], cold_positions[seq, cold]])
+        return np.stack([np.concatenate([self.hot.positions[seq][hot], cold_positions[seq][cold]])
                          for seq, (hot, cold) in enumerate(zip(picks.hot, picks.cold))]).astype(np.int64)
 
     def _hot_segment(self, hot_dots: torch.Tensor, picks: Picks) -> Segment:
-        """The chosen hot tokens, in place on a CPU; copied out to another compute device."""
-        hot_positions = self.hot.positions[:, : self.hot.used]
-        if self.device.type == "cpu":
-            return hot_in_place(hot_dots, self.hot.values, hot_positions, picks)
-        return hot_gathered(hot_dots, self.hot.values, hot_positions, picks).to(self.device)
+        """The chosen hot tokens, on the compute device."""
+        return hot_chosen(hot_dots, self.hot.values, self.hot.positions[:, : self.hot.used], picks).to(self.device)
 
     def _cold_segment(self, grouped: torch.Tensor, picks: Picks, positions: np.ndarray, cold: list) -> Segment:
         return cold_fetched(grouped, [(keys, values) for keys, values, _ in cold],

@@ -38,7 +38,7 @@ from kvtier.errors import ChecksumError, StorageError
 from kvtier.storage import PAGE, IOEngine, aligned_buffer, direct_read_unit, drop_page_cache, open_direct, round_up
 from kvtier.storage.checksum import PageChecksums
 from kvtier.storage.io_engine import consecutive_spans
-from kvtier.storage.pages import pages_holding
+from kvtier.storage.pages import page_runs, ranges
 from kvtier.units import format_size
 
 
@@ -233,13 +233,13 @@ class PagePlan:
     def __init__(self, slots: np.ndarray, record_bytes: int, page: int) -> None:
         self.slots, self.record_bytes, self.page = slots, record_bytes, page
         self.first_page = slots * record_bytes // page
-        self.pages = pages_holding(slots, record_bytes, page=page)
+        self.run_pages, self.run_counts = page_runs(slots, record_bytes, page=page)
+        self.pages = ranges(self.run_pages, self.run_counts)
 
     def runs(self, base: int, first: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(file offsets, byte lengths, buffer offsets) of the runs of adjacent pages, read from page `first` on."""
-        starts = np.flatnonzero(np.diff(self.pages, prepend=-2) != 1)
-        counts = np.diff(np.append(starts, len(self.pages)))
-        return base + self.pages[starts] * self.page, counts * self.page, (first + starts) * self.page
+        into = first + np.cumsum(self.run_counts) - self.run_counts
+        return base + self.run_pages * self.page, self.run_counts * self.page, into * self.page
 
     def gather(self, buffer: np.ndarray, first: int) -> np.ndarray:
         """uint8 [len(slots), record_bytes]: the records, cut out of the pages read into `buffer` from page `first`."""
@@ -248,8 +248,9 @@ class PagePlan:
             return np.empty((0, rec), dtype=np.uint8)
         page_index = first + np.searchsorted(self.pages, self.first_page)
         starts = page_index * self.page + (self.slots * rec - self.first_page * self.page)
-        # Rows of a sliding-window view: one record-sized copy each (a per-byte index array cost 20x more).
-        return np.lib.stride_tricks.sliding_window_view(buffer, rec)[starts]
+        # Rows of a view holding a record at every byte offset: one record-sized copy each (a per-byte index array
+        # cost 20x more).
+        return np.ndarray((buffer.nbytes - rec + 1, rec), np.uint8, buffer, 0, (1, 1))[starts]
 
 
 def open_for_reading(path: str) -> tuple[int, bool]:

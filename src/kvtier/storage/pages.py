@@ -23,32 +23,39 @@ from kvtier.storage.geometry import PAGE
 BRIDGED_GAP_BYTES = 2048
 
 
-def pages_holding(slots: np.ndarray, record_bytes: int, max_gap: int | None = None,
-                  page: int = PAGE) -> np.ndarray:
-    """Sorted numbers of the `page`-byte pages covering records `slots` (int64) of `record_bytes` each, gaps <=
-    `max_gap` pages (default: BRIDGED_GAP_BYTES, at least one page) bridged."""
+def page_runs(slots: np.ndarray, record_bytes: int, max_gap: int | None = None,
+              page: int = PAGE) -> tuple[np.ndarray, np.ndarray]:
+    """(first page, page count) of each run of adjacent `page`-byte pages covering records `slots` (int64) of
+    `record_bytes` each, ascending, gaps <= `max_gap` pages (default: BRIDGED_GAP_BYTES, at least one page) bridged.
+
+    One pass over the records' page spans (a running maximum), not a set of pages: this runs once per layer and
+    decode step for the cold fetch, where sorting and de-duplicating every page cost several times more.
+    """
     max_gap = max(1, BRIDGED_GAP_BYTES // page) if max_gap is None else max_gap
     if not slots.size:
-        return np.empty(0, dtype=np.int64)
-    first_page = slots * record_bytes // page
-    last_page = ((slots + 1) * record_bytes - 1) // page
-    if record_bytes > page:  # a record spans pages in between as well
-        pages = np.unique(ranges(first_page, last_page - first_page + 1))
-    else:
-        pages = np.unique(np.concatenate([first_page, last_page]))
-    return bridge_gaps(pages, max_gap)
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    if (slots[1:] < slots[:-1]).any():
+        slots = np.sort(slots)
+    first = slots * record_bytes // page
+    reach = np.maximum.accumulate(((slots + 1) * record_bytes - 1) // page)  # last page needed so far
+    opens = np.empty(len(first), dtype=bool)  # a record opens a run when the gap before it is too long to bridge
+    opens[0] = True
+    np.greater(first[1:], reach[:-1] + (max_gap + 1), out=opens[1:])
+    starts = np.flatnonzero(opens)
+    ends = np.empty_like(starts)
+    ends[:-1], ends[-1] = starts[1:] - 1, len(first) - 1
+    return first[starts], reach[ends] - first[starts] + 1
 
 
-def bridge_gaps(pages: np.ndarray, max_gap: int) -> np.ndarray:
-    """Sorted unique `pages` plus every gap of at most `max_gap` pages between two of them."""
-    gaps = np.diff(pages) - 1
-    small = np.flatnonzero((gaps > 0) & (gaps <= max_gap))
-    if not small.size:
-        return pages
-    return np.sort(np.concatenate([pages, ranges(pages[small] + 1, gaps[small])]))
+def pages_holding(slots: np.ndarray, record_bytes: int, max_gap: int | None = None,
+                  page: int = PAGE) -> np.ndarray:
+    """Sorted numbers of the pages of `page_runs`."""
+    return ranges(*page_runs(slots, record_bytes, max_gap, page))
 
 
 def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """starts[0] .. starts[0] + counts[0] - 1, then the same for each next pair: one array, no Python loop."""
+    if not counts.size:
+        return np.empty(0, dtype=np.int64)
     ends = np.cumsum(counts)
     return np.arange(ends[-1]) + np.repeat(starts - ends + counts, counts)
