@@ -5,13 +5,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from kvtier.errors import ChecksumError, StorageError
 from kvtier.kv.contract import tier_bytes
+from kvtier.kv.offload import OffloadCache
 from kvtier.models.prompts import check_context, prompt_ids
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import SparseCache
@@ -110,8 +110,9 @@ def generate(
     server's client went away). Generation stops at an id of `eos_token_ids` (default: the model's;
     an empty set never stops early, vLLM's `ignore_eos`). With a `kv_store`, the prompt's longest
     stored prefix is loaded instead of computed, and a new document is stored (kvtier.store.reuse).
-    A stored sparse image found damaged while decoding (`--on-corrupt recompute`) makes the answer start
-    over cold; the tokens already handed out are checked, not handed out again (RecomputeDiverged).
+    A stored prefix found damaged while decoding (a sparse image or the K/V that offload reads in place;
+    `--on-corrupt recompute`) makes the answer start over cold; the tokens already handed out are checked,
+    not handed out again (RecomputeDiverged).
     """
     kv_config = (kv_config or KVConfig()).validated()
     ids = prompt_ids(llm, prompt) if input_ids is None else input_ids
@@ -122,14 +123,14 @@ def generate(
                _eos_ids(llm) if eos_token_ids is None else eos_token_ids, _Stream(llm.tokenizer, on_text, on_token))
     with torch.inference_mode():
         result = run.once(reuse)
-        if result is None:  # a stored image failed a check after the prompt went in: its entry is gone, answer cold
+        if result is None:  # a stored prefix failed a check after the prompt went in: its entry is gone, answer cold
             result = run.once(reuse)
     result.ttft_s = run.stream.first_at - requested
     return result
 
 
 class RecomputeDiverged(StorageError):
-    """The answer computed again after a damaged stored image differs from the tokens already handed out."""
+    """The answer computed again after a damaged stored prefix differs from the tokens already handed out."""
 
 
 @dataclass
@@ -183,9 +184,9 @@ class _Run:
     stream: _Stream
 
     def once(self, reuse: PromptReuse | None) -> GenerationResult | None:
-        """The answer (ttft_s left to the caller), or None when a stored sparse image failed a check while decoding or
-        while copied into the new entry (`recompute`): its entry is dropped and the match forgotten, so the next call
-        answers cold."""
+        """The answer (ttft_s left to the caller), or None when a stored prefix the cache reads in place failed a
+        check while decoding, or its sparse image while copied into the new entry (`recompute`): its entry is dropped
+        and the match forgotten, so the next call answers cold."""
         model, kv_config = self.llm.model, self.kv_config
         prompt_in = _PromptIn(self)
         cache, logits, started = prompt_in.into_cache(reuse)
@@ -199,10 +200,10 @@ class _Run:
                     prefilled = time.perf_counter()
                     new_ids = _decode(model, cache, logits, self.max_new_tokens, self.eos, self.stream, self.choose,
                                       self.watch)
-                except ChecksumError as error:
-                    if not _image_failed(cache, error):
+                except (ChecksumError, CorruptEntry) as error:
+                    if not _stored_failed(cache, error):
                         raise
-                    _forget_damaged_image(reuse, prompt_in, error)
+                    _forget_damaged(reuse, prompt_in, error)
                     return None
             finished = time.perf_counter()
             kv_bytes = tier_bytes(cache, model)
@@ -245,8 +246,8 @@ class _PromptIn:
         run = self.run
         try:
             cache = make_cache(run.llm.model, run.kv_config, run.ids.shape[1] + run.max_new_tokens, run.ids.shape[0],
-                               run.llm.model_id, _sparse_image(reuse))
-        except CorruptImage as error:
+                               run.llm.model_id, reuse.match if reuse is not None else None)
+        except (CorruptImage, CorruptEntry) as error:
             return self._recompute(reuse, error)
         started = time.perf_counter()
         try:
@@ -273,26 +274,17 @@ class _PromptIn:
             self.writer = None
 
     def _recompute(self, reuse: PromptReuse, error: CorruptEntry | CorruptImage) -> tuple[object, torch.Tensor, float]:
-        """After a damaged entry: raise (`fail`, the entry kept), or prefill the whole prompt as if nothing were stored
-        (replay has removed a damaged entry; a damaged sparse image's entry is removed here)."""
+        """After a damaged entry: raise (`fail`, the entry kept), or remove it and prefill the whole prompt as if
+        nothing were stored."""
         if reuse.store.on_corrupt == "fail":
             raise error
-        if isinstance(error, CorruptImage):
-            reuse.store.drop(reuse.match.entry.path, str(error))
-        reuse.forget_match()
+        reuse.forget_match(error)
         return self.into_cache(reuse)
 
     def _prefill(self, cache, start: int) -> torch.Tensor:
         run = self.run
         ids = run.ids[:, start:].to(run.llm.model.device)
         return _prefill_with_progress(run.llm.model, ids, cache, run.chunk, run.progress, run.watch)
-
-
-def _sparse_image(reuse: PromptReuse | None) -> tuple[Path, int] | None:
-    """The stored sparse image a reusing prompt's sparse cache may use in place: (directory, reused tokens)."""
-    if reuse is None or reuse.match is None:
-        return None
-    return reuse.match.entry.path / IMAGE_DIR, reuse.match.tokens
 
 
 def _store_sparse_image(cache: SparseCache, writer: EntryWriter) -> None:
@@ -307,20 +299,26 @@ def _store_sparse_image(cache: SparseCache, writer: EntryWriter) -> None:
                     error.strerror or error)
 
 
-def _image_failed(cache, error: ChecksumError) -> bool:
-    """Whether `error` is about the stored sparse image `cache` reads in place (not about the run's own files)."""
-    return isinstance(cache, SparseCache) and cache.image is not None and cache.image.holds(error)
+def _stored_failed(cache, error: StorageError) -> bool:
+    """Whether `error` is about the stored files `cache` reads in place (sparse: the image; offload: the entry's
+    K/V), not about the run's own files."""
+    if isinstance(cache, SparseCache):
+        stored = cache.image
+    elif isinstance(cache, OffloadCache):
+        stored = cache.store.base
+    else:
+        return False
+    return stored is not None and stored.holds(error)
 
 
-def _forget_damaged_image(reuse: PromptReuse, prompt_in: _PromptIn, error: ChecksumError) -> None:
-    """After a stored image failed a check (while decoding, or copied into the entry being written): the entry
-    being written is dropped (its image holds copies of the damaged records); `fail` raises the error and keeps
-    the damaged entry, `recompute` removes it and forgets the match, so the prompt is answered again cold."""
+def _forget_damaged(reuse: PromptReuse, prompt_in: _PromptIn, error: StorageError) -> None:
+    """After a stored prefix failed a check (while decoding, or a sparse image copied into the entry being written):
+    the entry being written is dropped (it may hold copies of the damaged records); `fail` raises the error and
+    keeps the damaged entry, `recompute` removes it and forgets the match, so the prompt is answered again cold."""
     prompt_in.discard_entry(reuse)
     if reuse.store.on_corrupt == "fail":
         raise error
-    reuse.store.drop(reuse.match.entry.path, str(error))
-    reuse.forget_match()
+    reuse.forget_match(error)
 
 
 def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], stream: _Stream, choose, watch) -> list[int]:

@@ -22,9 +22,12 @@ from kvtier.kv.geometry import full_attention_layers, model_geometry, text_confi
 from kvtier.kv.offload import OffloadCache, OffloadLayer, TieredStore
 from kvtier.paths import cache_dir
 from kvtier.sparse.cache import make_sparse_cache
+from kvtier.sparse.cold_image import IMAGE_DIR
 from kvtier.sparse.settings import SparseSettings, parse_beta
 from kvtier.storage import IOEngine, KVBlockFile
 from kvtier.storage.stale_files import remove_abandoned_kv_files
+from kvtier.store.entry import StoredKV
+from kvtier.store.store import Match
 from kvtier.units import parse_size
 
 KV_MODES = ("dense", "offload", "sparse", *BASELINES)
@@ -70,15 +73,17 @@ def default_storage_dir() -> Path:
 
 
 def make_cache(model, kv_config: KVConfig, max_tokens: int, batch_size: int = 1, model_id: str = "model",
-               sparse_image: tuple[Path, int] | None = None) -> KVCache:
+               stored: Match | None = None) -> KVCache:
     """A fresh Cache for one generation of up to `max_tokens` tokens per sequence.
 
+    `stored`: the prompt's prefix found in the document KV store, which a replay will feed to the cache; `sparse`
+    uses the tiers stored with it in place, `offload` its K/V (raises CorruptEntry when kv.bin is gone or cut short).
     Tiered caches own files: call `.close()` or use the cache as a context manager.
     """
     kv_config = kv_config.validated()
     config = text_config(model)
-    if kv_config.kv == "sparse" and sparse_image is not None:
-        return _sparse_cache(model, config, kv_config, max_tokens, batch_size, model_id, sparse_image)
+    if stored is not None and kv_config.kv in ("sparse", "offload"):
+        return _BUILDERS[kv_config.kv](model, config, kv_config, max_tokens, batch_size, model_id, stored)
     return _BUILDERS[kv_config.kv](model, config, kv_config, max_tokens, batch_size, model_id)
 
 
@@ -87,8 +92,8 @@ def _dense_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size
 
 
 def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str,
-                  sparse_image: tuple[Path, int] | None = None) -> KVCache:
-    image_dir, image_tokens = sparse_image or (None, 0)
+                  stored: Match | None = None) -> KVCache:
+    image_dir, image_tokens = (stored.entry.path / IMAGE_DIR, stored.tokens) if stored is not None else (None, 0)
     return make_sparse_cache(
         model, kv_config.sparse_settings(), max_tokens, batch_size, str(_storage_directory(kv_config.storage_dir)),
         parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget), full_attention_layers(config),
@@ -105,7 +110,8 @@ def _baseline_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_s
     return BASELINES[kv_config.kv](model, setup)
 
 
-def _offload_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str) -> OffloadCache:
+def _offload_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str,
+                   stored: Match | None = None) -> OffloadCache:
     tiered = full_attention_layers(config)
     geometry = model_geometry(model, tiered)
     capacity = tier_capacity(
@@ -124,7 +130,13 @@ def _offload_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_si
         model_id,
         io=IOEngine(kv_config.io_threads),
     )
-    store = TieredStore(file, {layer: i for i, layer in enumerate(tiered)}, batch_size)
+    try:
+        in_place = stored is not None and batch_size == 1  # an entry holds one sequence
+        base = StoredKV(stored.entry.path, stored.entry.meta, stored.tokens) if in_place else None
+    except BaseException:
+        file.remove()
+        raise
+    store = TieredStore(file, {layer: i for i, layer in enumerate(tiered)}, batch_size, base)
     layers = []
     for i in range(config.num_hidden_layers):
         if i in store.tier_of_layer:

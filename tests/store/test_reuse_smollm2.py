@@ -61,6 +61,8 @@ def test_a_second_question_equals_a_cold_run(smollm2, document, store, cold_dens
     warm = generate(smollm2, document + QUESTION, NEW_TOKENS, config, progress=False, kv_store=store)
     assert warm.reused_prompt_tokens >= cold.prefill_tokens - 256 - 16
     assert warm.token_ids == cold.token_ids
+    if mode == "offload":
+        assert warm.disk_bytes_written == 0  # its disk tier is the stored prefix, read in place
 
 
 def test_a_document_stored_by_the_sparse_path_is_reused_in_place(smollm2, document, cold_sparse, tmp_path,

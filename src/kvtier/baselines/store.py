@@ -43,10 +43,6 @@ class SelectiveStore(TieredStore):
         self._buffers = [self._staging] + [aligned_buffer(self._staging.nbytes) for _ in range(buffers - 1)]
         self._in_flight: list[Future] = []
 
-    def stored_tokens(self, layer: int) -> int:
-        """Tokens per sequence of `layer` on disk (whole blocks)."""
-        return self.stored_blocks[layer] * self.layout.block_tokens
-
     def all_blocks(self, layer: int, kinds: Iterable[int]) -> list[BlockId]:
         """Every stored block of `layer` of the given kinds, for all sequences."""
         return [(kind, seq, block) for kind in kinds for seq in range(self.batch_size)

@@ -106,10 +106,12 @@ def markdown(result: dict) -> str:
                      f"{format_size(second['kv_store_bytes_read'])} | "
                      f"{format_size(second.get('disk_bytes_written', 0))} |")
     lines += ["", "Every mode reads the stored prefix's K/V back once, for the question's exact prefill over it; "
-              "sparse then uses the cold pool stored with the document in place (its records and sketches read "
-              "where they lie, the hot pool and hit table restored) instead of placing the prefix in its tiers "
-              "again. Read from store: the K/V and, for sparse, the image's tables and page checksums; the "
-              "stored cold pool's reads during decode are counted with the steps' disk reads."]
+              "offload then reads the prefix's spilled part from the stored K/V where it lies instead of writing "
+              "it to its own file, and sparse uses the cold pool stored with the document in place (its records "
+              "and sketches read where they lie, the hot pool and hit table restored) instead of placing the "
+              "prefix in its tiers again. Read from store: the K/V and, for sparse, the image's tables and page "
+              "checksums; the stored K/V and cold pool read in place during decode are counted with the steps' "
+              "disk reads."]
     return "\n".join(lines) + "\n"
 
 

@@ -10,9 +10,17 @@ Layer prefetch: right after layer l has assembled its K/V (the disk bytes are
 copied out of the staging buffer), the read of the next tiered layer's blocks
 is submitted to the I/O thread pool, so it overlaps layer l's attention and
 MLP. One staging buffer is enough because of that ordering.
+
+A stored prefix (a document KV store entry whose K/V a replay fed to the cache)
+is used where it lies: a layer's disk part is [the base's first tokens | its own
+blocks]. While nothing of a layer has been written to its own file, whole blocks
+spilled from within the prefix are only counted into the base, not written
+again; reading the layer reads those tokens from the entry (every record
+verified) along with its own blocks.
 """
 
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -21,24 +29,44 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from kvtier.errors import StorageError
 from kvtier.kv.budget import TierCapacity
 from kvtier.kv.contract import KVCache
-from kvtier.storage import K, V, IOStats, KVBlockFile, aligned_buffer
+from kvtier.storage import K, V, IOEngine, IOStats, KVBlockFile, aligned_buffer
+
+
+class StoredPrefix(Protocol):
+    """The first `tokens` tokens' K/V of every layer, kept on disk elsewhere (kvtier.store.entry.StoredKV)."""
+
+    tokens: int
+
+    def submit(self, layer: int, tokens: int, io: IOEngine) -> Future[tuple[torch.Tensor, torch.Tensor]]:
+        """Read `layer`'s first `tokens` tokens: K, V [1, heads, tokens, head_dim], verified; one read at a time, its
+        tensors copied out before the next."""
+
+    def close(self) -> None: ...
 
 
 class TieredStore:
-    """The disk tier shared by all tiered layers: one block file, one staging buffer, one prefetch in flight."""
+    """The disk tier shared by all tiered layers: one block file, one staging buffer, one prefetch in flight, and
+    optionally a stored prefix (`base`, for batch 1) whose tokens are read in place instead of written again."""
 
-    def __init__(self, file: KVBlockFile, tier_of_layer: dict[int, int], batch_size: int):
+    def __init__(self, file: KVBlockFile, tier_of_layer: dict[int, int], batch_size: int,
+                 base: StoredPrefix | None = None):
         self.file = file
         self.layout = file.layout
         self.tier_of_layer = tier_of_layer  # model layer index -> index in the file
         self.batch_size = batch_size
         self.blocks_per_seq = self.layout.num_blocks // batch_size
-        self.stored_blocks = {layer: 0 for layer in tier_of_layer}
+        self.stored_blocks = {layer: 0 for layer in tier_of_layer}  # in the file
+        self.base = base
+        self.base_tokens = {layer: 0 for layer in tier_of_layer}  # the oldest stored tokens: read from `base`
         geometry = self.layout.geometry
         self._block_shape = (self.layout.block_tokens, geometry.num_kv_heads, geometry.head_dim)
         self._torch_dtype = getattr(torch, geometry.dtype)
         self._staging = aligned_buffer(2 * batch_size * self.blocks_per_seq * self.layout.block_bytes)
-        self._pending: tuple[int, Future] | None = None
+        self._pending: tuple[int, list[Future]] | None = None
+
+    def stored_tokens(self, layer: int) -> int:
+        """Tokens per sequence of `layer` on disk: the base's, then the file's."""
+        return self.base_tokens[layer] + self.stored_blocks[layer] * self.layout.block_tokens
 
     # -- reading ---------------------------------------------------------------------------------------------
     def _staging_slot(self, kind: int, seq: int, block: int, num_blocks: int) -> np.ndarray:
@@ -54,23 +82,38 @@ class TieredStore:
             for block in range(count)
         ]
 
-    def prefetch(self, layer: int) -> None:
-        """Start reading `layer`'s stored blocks into the staging buffer (no-op when it has none)."""
+    def _submit(self, layer: int) -> list[Future]:
+        """Start the reads of `layer`'s stored tokens: the base's, then the file's (each only if it holds some)."""
+        reads = []
+        if self.base_tokens[layer]:
+            reads.append(self.base.submit(layer, self.base_tokens[layer], self.file.io))
         if self.stored_blocks[layer]:
-            self._pending = (layer, self.file.submit_read_blocks(self._read_plan(layer)))
+            reads.append(self.file.submit_read_blocks(self._read_plan(layer)))
+        return reads
 
-    def load(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`layer`'s stored K and V as [batch, heads, tokens, head_dim] views of the staging buffer."""
-        count = self.stored_blocks[layer]
-        if not count:
-            return None
+    def prefetch(self, layer: int) -> None:
+        """Start reading `layer`'s stored tokens (no-op when it has none)."""
+        if self.stored_tokens(layer):
+            self._pending = (layer, self._submit(layer))
+
+    def load(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`layer`'s stored K and V as [batch, heads, tokens, head_dim] parts in token order (the base's, then views
+        of the staging buffer); none when it has no stored tokens."""
+        if not self.stored_tokens(layer):
+            return []
         if self._pending is not None and self._pending[0] == layer:
-            self._pending[1].result()
+            reads = self._pending[1]
         else:
             self.wait()
-            self.file.read_blocks(self._read_plan(layer))
+            reads = self._submit(layer)
         self._pending = None
-        return self._as_tensor(K, count), self._as_tensor(V, count)
+        wait(reads)  # both finished before either raises: no read into a buffer outlives this call
+        parts = [reads.pop(0).result()] if self.base_tokens[layer] else []
+        if reads:
+            reads[0].result()
+            count = self.stored_blocks[layer]
+            parts.append((self._as_tensor(K, count), self._as_tensor(V, count)))
+        return parts
 
     def _as_tensor(self, kind: int, count: int) -> torch.Tensor:
         nbytes = self.batch_size * count * self.layout.block_bytes
@@ -80,16 +123,23 @@ class TieredStore:
         return tokens.permute(0, 2, 1, 3)  # stored token-major; attention wants head-major
 
     def wait(self) -> None:
-        """Finish any prefetch in flight (before writing or closing)."""
+        """Finish any prefetch in flight (before writing or closing); its errors are left to `load`, which reads the
+        layer again."""
         if self._pending is not None:
-            self._pending[1].result()
+            wait(self._pending[1])
             self._pending = None
 
     # -- writing ---------------------------------------------------------------------------------------------
     def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Write whole blocks of [batch, heads, n*T, head_dim] K/V after `layer`'s stored blocks."""
+        """Store whole blocks of [batch, heads, n*T, head_dim] K/V after `layer`'s stored tokens: those the base
+        already holds are counted into it, the rest are written after the layer's blocks in the file."""
+        adopted = self._in_base(layer, keys.shape[-2])
+        self.base_tokens[layer] += adopted
+        keys, values = keys[..., adopted:, :], values[..., adopted:, :]
         first = self.stored_blocks[layer]
         count = keys.shape[-2] // self.layout.block_tokens
+        if not count:
+            return
         if first + count > self.blocks_per_seq:
             raise StorageError(
                 f"{self.file.path}: KV file full ({self.blocks_per_seq * self.layout.block_tokens} tokens per sequence); "
@@ -109,9 +159,19 @@ class TieredStore:
         self.file.write_blocks(writes)
         self.stored_blocks[layer] = first + count
 
+    def _in_base(self, layer: int, count: int) -> int:
+        """How many of `count` tokens about to be stored the base holds: whole blocks within its prefix, and only
+        while the file holds none of the layer (the base's tokens must come first)."""
+        if self.base is None or self.stored_blocks[layer]:
+            return 0
+        room = (self.base.tokens - self.base_tokens[layer]) // self.layout.block_tokens * self.layout.block_tokens
+        return max(0, min(count, room))
+
     def close(self) -> None:
         self.wait()
         self.file.remove()
+        if self.base is not None:
+            self.base.close()  # the store's entry: closed, never removed
 
 
 class OffloadLayer(CacheLayerMixin):
@@ -148,10 +208,9 @@ class OffloadLayer(CacheLayerMixin):
     def _assemble(self) -> tuple[torch.Tensor, torch.Tensor]:
         """[storage | host | device] K and V on the compute device, in token order."""
         parts_k, parts_v = [], []
-        stored = self.store.load(self.layer_idx)
-        if stored is not None:
-            parts_k.append(stored[0].to(self.device))
-            parts_v.append(stored[1].to(self.device))
+        for keys, values in self.store.load(self.layer_idx):
+            parts_k.append(keys.to(self.device))
+            parts_v.append(values.to(self.device))
         parts_k += [self.host_keys.to(self.device), self.keys]
         parts_v += [self.host_values.to(self.device), self.values]
         return torch.cat(parts_k, dim=-2), torch.cat(parts_v, dim=-2)
@@ -173,8 +232,8 @@ class OffloadLayer(CacheLayerMixin):
         """Tokens per sequence in each tier."""
         if not self.is_initialized:
             return {"device": 0, "host": 0, "storage": 0}
-        stored = self.store.stored_blocks[self.layer_idx] * self.capacity.block_tokens
-        return {"device": self.keys.shape[-2], "host": self.host_keys.shape[-2], "storage": stored}
+        return {"device": self.keys.shape[-2], "host": self.host_keys.shape[-2],
+                "storage": self.store.stored_tokens(self.layer_idx)}
 
     def get_seq_length(self) -> int:
         return sum(self.tier_tokens().values())

@@ -11,7 +11,9 @@ of the prompt through the model. Every KV mode prefills densely, so one entry
 serves dense, offload and sparse alike. A `--kv sparse` run that publishes also
 stores its placed tiers in the entry (`sparse/`, written by kvtier.sparse.cold_image
 before the rename that publishes the entry); a later sparse run uses that cold
-pool in place instead of placing the prefix again. The store treats the
+pool in place instead of placing the prefix again; a `--kv offload` run reads
+the prefix it would spill from the entry's kv.bin in place instead of writing
+it to its own KV file (entry.StoredKV). The store treats the
 directory as part of the entry (size, removal) and knows nothing of its format.
 
     keys.py     what an entry is keyed on: the bytes' identity, the tokens chained per block

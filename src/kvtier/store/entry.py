@@ -8,6 +8,10 @@ first m blocks of a layer are 2 x heads runs that O_DIRECT reads straight into a
 between the disk and the cache. The file's size is known from the start (the
 prompt's whole blocks), so blocks are written where they belong as they complete.
 
+`read_layers` reads a prefix back layer by layer for a replay; `StoredKV` keeps
+the file open for a cache that reads the prefix where it lies, step after step
+(`--kv offload`).
+
 Its meta.json (meta.py) holds every record's crc32c. An entry is written into a
 temporary directory and renamed into place only once both files and the
 directory are fsynced: a reader finds a complete entry or none.
@@ -18,7 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +30,7 @@ import torch
 
 from kvtier.storage import IOEngine, aligned_buffer, checksum, fsync_directory, open_direct, write_new_file
 from kvtier.storage.checksum import unit_checksums
+from kvtier.storage.io_engine import then
 from kvtier.store.meta import KV, META, CorruptEntry, EntryMeta
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -97,30 +102,95 @@ def read_layers(directory: Path, meta: EntryMeta, blocks: int, io: IOEngine) -> 
                                                                                                   torch.Tensor]]:
     """(layer, K, V [1, heads, blocks * block_tokens, head_dim]) of the first `blocks` blocks, every record verified
     (O_DIRECT where the filesystem allows it). The next layer is read while the caller uses this one."""
-    fd, _ = open_direct(directory / KV, os.O_RDONLY)
+    stored = StoredKV(directory, meta, blocks * meta.block_tokens)
     reading: _LayerRead | None = None
     try:
-        size = os.fstat(fd).st_size
-        if size != meta.nbytes:
-            raise CorruptEntry(f"{directory / KV}: truncated ({size} bytes of {meta.nbytes})")
-        stored = np.asarray(meta.crc32c, dtype=np.uint32)
-        reading = _LayerRead(fd, meta, blocks, 0, io)
+        reading = _LayerRead(stored.fd, meta, blocks, 0, io)
         for layer in range(len(meta.layers)):
             buffer = reading.result()
-            reading = _LayerRead(fd, meta, blocks, layer + 1, io) if layer + 1 < len(meta.layers) else None
-            yield (layer, *_verified_layer(buffer, directory, meta, stored, blocks, layer))
+            reading = _LayerRead(stored.fd, meta, blocks, layer + 1, io) if layer + 1 < len(meta.layers) else None
+            yield (layer, *stored.verified(buffer, blocks, layer))
     finally:
         if reading is not None:
             reading.settle()  # the descriptor stays open until no thread reads through it
-        os.close(fd)
+        stored.close()
+
+
+class StoredKV:
+    """An entry's kv.bin opened to read the first `tokens` tokens of its layers, every record verified.
+
+    `submit` serves a cache that keeps the stored prefix where it lies (`--kv offload`): the descriptor stays open
+    until `close`, so the entry stays readable even if it is evicted or removed meanwhile (an unlinked open file
+    keeps its data), and the file is never written.
+    """
+
+    def __init__(self, directory: Path, meta: EntryMeta, tokens: int) -> None:
+        self.directory, self.meta, self.tokens = directory, meta, tokens
+        try:
+            self.fd, _ = open_direct(directory / KV, os.O_RDONLY)
+        except FileNotFoundError:  # removed by another process since the lookup
+            raise CorruptEntry(f"KV store entry {directory.name} disappeared before it was read") from None
+        size = os.fstat(self.fd).st_size
+        if size != meta.nbytes:
+            self.close()
+            raise CorruptEntry(f"{directory / KV}: truncated ({size} bytes of {meta.nbytes})")
+        self._crc32c = np.asarray(meta.crc32c, dtype=np.uint32)
+        self._buffer: np.ndarray | None = None  # `submit`'s, for the largest layer's blocks of `tokens`
+
+    def submit(self, layer: int, tokens: int, io: IOEngine) -> Future[tuple[torch.Tensor, torch.Tensor]]:
+        """Start reading `layer`'s first `tokens` (at most `self.tokens`) tokens; the future gives their K, V
+        [1, heads, tokens, head_dim], verified, as views of one buffer that the next `submit` reuses: one read at a
+        time, its tensors copied out before the next."""
+        blocks = -(-tokens // self.meta.block_tokens)
+        if self._buffer is None:
+            most = -(-self.tokens // self.meta.block_tokens)
+            self._buffer = aligned_buffer(max(2 * heads * most * self.meta.record_bytes(index)
+                                              for index, (heads, _) in enumerate(self.meta.layers)))
+        reading = _LayerRead(self.fd, self.meta, blocks, layer, io, self._buffer)
+
+        def verified() -> tuple[torch.Tensor, torch.Tensor]:
+            keys, values = self.verified(reading.buffer, blocks, layer)
+            return keys[:, :, :tokens], values[:, :, :tokens]
+
+        return then(reading.future, verified)
+
+    def verified(self, buffer: np.ndarray, blocks: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of one layer's records read into `buffer` [2, heads, blocks, record], after every record is checked
+        against its crc."""
+        meta = self.meta
+        heads, head_dim = meta.layers[layer]
+        record = meta.record_bytes(layer)
+        for kind in (0, 1):
+            for head in range(heads):
+                first = meta.record_index(layer, kind, head, 0)  # a head's blocks are consecutive records
+                found = unit_checksums(buffer[kind, head].reshape(-1), record)
+                bad = np.flatnonzero(found != self._crc32c[first : first + blocks])
+                if bad.size:
+                    raise CorruptEntry(f"{self.directory / KV}: block {bad[0]} layer {layer} {'KV'[kind]} head {head} "
+                                       "fails its checksum")
+        tokens = torch.from_numpy(buffer).view(DTYPES[meta.dtype]).reshape(2, 1, heads, blocks * meta.block_tokens,
+                                                                           head_dim)
+        return tokens[0], tokens[1]
+
+    def holds(self, error: Exception) -> bool:
+        """Whether `error` is about this entry's files (storage errors name their file first)."""
+        return str(error).startswith(f"{self.directory}{os.sep}")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class _LayerRead:
-    """One layer's records of the first `blocks` blocks, being read into a [2, heads, blocks, record] buffer."""
+    """One layer's records of the first `blocks` blocks, being read into a [2, heads, blocks, record] buffer (the
+    start of `into` when given, else a new one)."""
 
-    def __init__(self, fd: int, meta: EntryMeta, blocks: int, layer: int, io: IOEngine) -> None:
+    def __init__(self, fd: int, meta: EntryMeta, blocks: int, layer: int, io: IOEngine,
+                 into: np.ndarray | None = None) -> None:
         heads, _ = meta.layers[layer]
-        self.buffer = aligned_buffer(2 * heads * blocks * meta.record_bytes(layer)).reshape(2, heads, blocks, -1)
+        nbytes = 2 * heads * blocks * meta.record_bytes(layer)
+        self.buffer = (aligned_buffer(nbytes) if into is None else into[:nbytes]).reshape(2, heads, blocks, -1)
         self.future = io.submit_read_runs(fd, [(meta.region_offset(layer, kind, head),
                                                 [memoryview(self.buffer[kind, head].reshape(-1))])
                                                for kind in (0, 1) for head in range(heads)])
@@ -131,22 +201,6 @@ class _LayerRead:
 
     def settle(self) -> None:
         wait([self.future])
-
-
-def _verified_layer(buffer: np.ndarray, directory: Path, meta: EntryMeta, stored: np.ndarray, blocks: int,
-                    layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K, V of one layer's records read into `buffer`, after every record is checked against its crc."""
-    heads, head_dim = meta.layers[layer]
-    record = meta.record_bytes(layer)
-    for kind in (0, 1):
-        for head in range(heads):
-            first = meta.record_index(layer, kind, head, 0)  # a head's blocks are consecutive records
-            bad = np.flatnonzero(unit_checksums(buffer[kind, head].reshape(-1), record) != stored[first : first + blocks])
-            if bad.size:
-                raise CorruptEntry(f"{directory / KV}: block {bad[0]} layer {layer} {'KV'[kind]} head {head} "
-                                   "fails its checksum")
-    tokens = torch.from_numpy(buffer).view(DTYPES[meta.dtype]).reshape(2, 1, heads, blocks * meta.block_tokens, head_dim)
-    return tokens[0], tokens[1]
 
 
 def _pending_tokens(pending: list[tuple[torch.Tensor, torch.Tensor]]) -> int:

@@ -24,7 +24,7 @@ import torch
 from kvtier.errors import StorageError
 from kvtier.kv.geometry import model_geometry
 from kvtier.storage import IOEngine
-from kvtier.store.entry import CorruptEntry, EntryMeta, EntryWriter, read_layers
+from kvtier.store.entry import EntryMeta, EntryWriter, read_layers
 from kvtier.store.keys import block_keys, document_key, identity_of
 from kvtier.store.store import DocumentStore, Match
 
@@ -61,28 +61,22 @@ class PromptReuse:
         return len(self.keys) > 2 * (self.match.blocks if self.match else 0)
 
     def replay(self, cache) -> int:
-        """Feed the stored prefix's K/V to `cache`; the tokens fed. Raises CorruptEntry when a check fails, after
-        removing the entry (`--on-corrupt recompute`: the caller then prefills in a fresh cache)."""
+        """Feed the stored prefix's K/V to `cache`; the tokens fed. Raises CorruptEntry when a check fails (the
+        caller then drops the entry and prefills in a fresh cache, or stops: `--on-corrupt`)."""
         if self.match is None:
             return 0
         entry = self.match.entry
-        try:
-            with IOEngine(READ_THREADS) as io, \
-                    closing(read_layers(entry.path, entry.meta, self.match.blocks, io)) as layers:
-                for layer, keys, values in layers:  # the next layer is read meanwhile
-                    cache.update(keys.to(self.device), values.to(self.device), layer)
-        except FileNotFoundError:  # removed by another process since the lookup
-            raise CorruptEntry(f"KV store entry {entry.id} disappeared while it was read") from None
-        except CorruptEntry as error:
-            if self.store.on_corrupt == "recompute":
-                self.store.drop(entry.path, str(error))
-            raise
+        with IOEngine(READ_THREADS) as io, closing(read_layers(entry.path, entry.meta, self.match.blocks, io)) as layers:
+            for layer, keys, values in layers:  # the next layer is read meanwhile
+                cache.update(keys.to(self.device), values.to(self.device), layer)
         self.store.touch(entry)
         self.bytes_read = self.match.blocks * entry.meta.block_span
         return self.match.tokens
 
-    def forget_match(self) -> None:
-        """After a damaged entry: prefill the whole prompt (and publish it) as if nothing were stored."""
+    def forget_match(self, error: StorageError) -> None:
+        """After a damaged entry (`error` says why): remove it, and prefill the whole prompt (and publish it) as if
+        nothing were stored."""
+        self.store.drop(self.match.entry.path, str(error))
         self.match = None
 
     @contextmanager
