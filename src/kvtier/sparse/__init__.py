@@ -9,11 +9,11 @@ Per decode step and layer (overlapped, not in sequence):
     host: query -> scorer (shared memory + pipe), then q.k over the hot pool (raw dots per query head)
     scorer: scores the layer's cold sketches, prepared (read + dequantized) while the host computed
             up to this layer's attention; streams <position, score> blocks back
-    host: global top-alpha -> cold reads of the chosen cold tokens queued (kernel AIO) -> while the
-          disk works: hit table, migration plan, softmax over the window + chosen hot tokens in place
-          (their logits are the dots above) -> cold tokens' part merged in when their pages land
-          (checked per page) -> bounded promotions and window retirement, whose disk writes run on a
-          background thread while the next layers compute.
+    host: global top-alpha -> cold reads of the chosen cold tokens queued (kernel AIO, submitted from
+          a pool thread) -> while the disk works: hit table, migration plan, the window's logits and
+          the chosen hot tokens' (picked out of the dots above) and values -> when the cold pages land
+          (checked per page), one exact softmax over window + hot + cold -> bounded promotions and
+          window retirement, whose disk writes run on a background thread while the next layers compute.
 
 Files (one concept each):
     settings.py        SparseSettings: every knob, validated
@@ -38,7 +38,7 @@ Files (one concept each):
     planner.py         APP: latency model, beta by eq. (4) with skew correction, calibration cache
     layer.py           SparseLayer (on kv.windowed's skeleton): hot/cold placement, the overlapped decode step,
                        migration
-    selection.py       the step's picks, attention segments (hot in place / gathered, cold fetched), partial softmax
+    selection.py       the step's picks, attention segments (window, chosen hot, fetched cold), one exact softmax
     attention.py       the attention function hand-off (registered as `kvtier_sparse_<inner>`)
     runtime.py         SparseRuntime: what the layers share (pools' files, scorer client, policy, plan, stats)
     cache.py           SparseCache, make_sparse_cache (budgets)
