@@ -83,3 +83,20 @@ def test_runs_into_separate_buffers_in_one_batch(engine, data_file):
     engine.read_runs_batched(fd, [(9 * PAGE, [memoryview(buffers[0])]), (100 * PAGE, [memoryview(buffers[1])])])
     assert np.array_equal(buffers[0], content[9 * PAGE : 10 * PAGE])
     assert np.array_equal(buffers[1], content[100 * PAGE : 103 * PAGE])
+
+
+def test_a_submission_that_cannot_be_queued_leaves_the_engine_usable(engine, data_file, monkeypatch):
+    fd, content = data_file
+    offsets, lengths, starts = _runs([4], [1])
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine._pool, "submit", refuse)
+        with pytest.raises(RuntimeError, match="shutdown"):
+            engine.submit_scattered(fd, offsets, lengths, aligned_buffer(PAGE), starts)
+    assert not engine._aio_lock.locked()  # else the next kernel AIO batch would wait forever
+    buffer = aligned_buffer(PAGE)
+    engine.submit_scattered(fd, offsets, lengths, buffer, starts).wait()
+    assert np.array_equal(buffer, content[4 * PAGE : 5 * PAGE])

@@ -78,9 +78,9 @@ def hot_chosen(hot_dots: torch.Tensor, hot_values: torch.Tensor, hot_positions: 
         index[seq, : len(slots)] = slots
     rows = torch.from_numpy(index)
     logits = hot_dots.gather(3, rows[:, None, None, :].expand(-1, *hot_dots.shape[1:3], -1))
-    padded = [seq for seq, slots in enumerate(picks.hot) if len(slots) < width]
-    for seq in padded:
-        logits[seq, :, :, len(picks.hot[seq]) :] = float("-inf")
+    for seq, slots in enumerate(picks.hot):
+        if len(slots) < width:  # the padding
+            logits[seq, :, :, len(slots) :] = float("-inf")
     values = hot_values.new_empty(len(rows), hot_values.shape[1], width, hot_values.shape[3])
     for seq in range(len(rows)):  # index_select per sequence: a batched gather of the rows was ~18x slower on the CPU
         torch.index_select(hot_values[seq], 1, rows[seq], out=values[seq])

@@ -123,7 +123,11 @@ class IOEngine:
             return ScatteredRead(self, fd, future=self.submit_read_runs(fd, runs))
         addresses = buffer.ctypes.data + buffer_offsets.astype(np.uint64)
         self._aio_lock.acquire()  # released by ScatteredRead.wait
-        queued = self._pool.submit(aio.submit, fd, offsets, lengths, addresses)
+        try:
+            queued = self._pool.submit(aio.submit, fd, offsets, lengths, addresses)
+        except BaseException:  # e.g. the engine closed: nothing was queued, so nothing will wait
+            self._aio_lock.release()
+            raise
         return ScatteredRead(self, fd, queued=queued, buffer=buffer)
 
     def read_runs_batched(self, fd: int, runs: Sequence[Run]) -> None:
