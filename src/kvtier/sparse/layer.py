@@ -12,9 +12,10 @@ Life of a layer:
    pool) and scores the hot pool meanwhile; of the global top-alpha of the
    pooled tokens, the cold ones are read in full precision from the K/V file
    while the host records the step in the hit table, plans migration and
-   builds the window's and the chosen hot tokens' logits (selection.py); one
-   softmax covers them all once the cold reads land. At alpha = 1 every token
-   is attended, so the output equals a dense cache up to float rounding.
+   builds the chosen hot tokens' logits (the window's were built while the
+   scorer worked; selection.py); one softmax covers them all once the cold
+   reads land. At alpha = 1 every token is attended, so the output equals a
+   dense cache up to float rounding.
 4. After attention, off the critical path: the migration policy swaps a
    bounded number of cold and hot tokens, and tokens leaving the recent
    window enter the hot pool `retire_batch` at a time; when it overflows by
@@ -176,11 +177,11 @@ class SparseLayer(WindowedLayer):
                inner: Callable, **kwargs) -> tuple[torch.Tensor, None]:
         """Exact attention of the decode query [B, Hq, 1, D] over sink + top-alpha pooled + recent tokens.
 
-        Overlapped, not in sequence: the host scores its hot pool while the storage scorer scores the
-        cold pool; once the choice is made the cold reads are queued, and while the disk works the host
-        records the step in the hit table, plans migration and builds the window's and hot tokens'
-        logits; one softmax covers all three when the reads land. `inner` (the model's own attention)
-        is not needed: the hot scores are the logits.
+        Overlapped, not in sequence: the host scores its hot pool and builds the window's logits while
+        the storage scorer scores the cold pool; once the choice is made the cold reads are queued, and
+        while the disk works the host records the step in the hit table, plans migration and builds the
+        chosen hot tokens' logits; one softmax covers all three when the reads land. `inner` (the
+        model's own attention) is not needed: the hot scores are the logits.
         """
         runtime, step = self.runtime, self.runtime.stats.current
         settling = time.perf_counter()
@@ -193,6 +194,8 @@ class SparseLayer(WindowedLayer):
         hot_dots = self.hot.dots(grouped)
         hot_scores = importance(hot_dots, runtime.settings.aggregation)
         host_scored = time.perf_counter()
+        window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
+        windowed = time.perf_counter()
         cold_scores = torch.from_numpy(runtime.scorer.scores()) if cold_count else hot_scores.new_empty(len(query), 0)
         cold_scored = time.perf_counter()
         picks = Picks.top(hot_scores, cold_scores, runtime.settings.alpha)
@@ -202,7 +205,6 @@ class SparseLayer(WindowedLayer):
         positions = self._chosen_positions(picks)
         swaps = self._plan_swaps(picks, positions, hot_scores.numpy(), cold_scores.numpy())
         planned = time.perf_counter()
-        window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
         hot = self._hot_segment(hot_dots, picks)
         segmented = time.perf_counter()
         cold = wait_cold()
@@ -218,9 +220,9 @@ class SparseLayer(WindowedLayer):
         self._apply_swaps(swaps, picks, positions, cold)
         self.retire()
         if step is not None:
-            step.score_s += chosen - started
+            step.score_s += host_scored - started + chosen - windowed
             step.fetch_s += submitted - chosen + cold_fetched - segmented
-            step.attention_s += segmented - planned + attended - cold_fetched
+            step.attention_s += windowed - host_scored + segmented - planned + attended - cold_fetched
             step.migrate_s += started - settling + planned - submitted + time.perf_counter() - attended
             step.host_time_s += host_scored - started
             step.storage_time_s += (cold_scored - started if cold_count else 0.0) + cold_fetched - segmented
