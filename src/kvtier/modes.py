@@ -50,6 +50,7 @@ class KVConfig:
     sink: int = 4
     recent: int = 64
     policy: str = "hit"  # sparse migration policy
+    lookahead: bool = True  # sparse: prefetch the next layer's cold candidates with a predicted query
 
     def validated(self) -> "KVConfig":
         if self.kv not in KV_MODES:
@@ -65,7 +66,8 @@ class KVConfig:
     def sparse_settings(self) -> SparseSettings:
         """The sparse-mode settings these options describe (validated)."""
         return SparseSettings(alpha=self.alpha, score_bits=self.score_bits, beta=parse_beta(self.beta),
-                              sink=self.sink, recent=self.recent, policy=self.policy).validated()
+                              sink=self.sink, recent=self.recent, policy=self.policy,
+                              lookahead=self.lookahead).validated()
 
 
 def default_storage_dir() -> Path:

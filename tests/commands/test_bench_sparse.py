@@ -51,6 +51,14 @@ def test_sparse_and_offload_side_by_side(tiny_model_dir, tmp_path, capsys):
     assert "sparse-hit" in capsys.readouterr().err  # progress bars name the run
 
 
+def test_lookahead_both_runs_the_sparse_path_with_and_without_it(tiny_model_dir, tmp_path):
+    assert _bench(tiny_model_dir, tmp_path, "--repeats", "1", "--policies", "hit", "--lookahead", "both",
+                  "--skip-dense") == 0
+    result = json.loads((tmp_path / "out" / f"sparse-{tiny_model_dir.name}-320-b2.json").read_text())
+    assert set(result["modes"]) == {"offload", "sparse-hit", "sparse-hit-no-lookahead"}
+    assert all(row["disk_read_bytes_per_step"] > 0 for row in result["modes"].values())
+
+
 def test_unwritable_results_directory_is_a_one_line_error(tiny_model_dir, tmp_path, capsys):
     (tmp_path / "out").write_text("a file where the results directory should be")
     assert _bench(tiny_model_dir, tmp_path) == 2

@@ -2,6 +2,7 @@
 tests/commands/test_bench_sparse.py). Mechanics only: no assertion here is about speed."""
 
 import pytest
+import tiny_models
 import torch
 
 from kvtier.eval.prefill_tape import record
@@ -19,6 +20,16 @@ def test_recall_is_the_same_whether_the_prompt_is_fed_whole_or_in_chunks(tiny_ll
         if name != "edge_mass":
             assert chunked[name]["recall"] == pytest.approx(whole[name]["recall"], abs=1e-6)
     assert chunked["edge_mass"] == pytest.approx(whole["edge_mass"], abs=1e-5)
+
+
+def test_the_lookahead_row_covers_the_layers_it_predicts():
+    """Four layers, the first two not predicted: the row averages layers 2 and 3, whose predicted queries, unlike
+    the real ones, come from the previous layer's input (so it cannot simply equal the sum-int8 row)."""
+    model = tiny_models.tiny_llama(num_hidden_layers=4)
+    ids = torch.randint(0, 128, (1, 300), generator=torch.Generator().manual_seed(1))
+    recall = selection_recall(model, record(model, ids, 1000), 0.2)
+    assert 0.0 < recall["lookahead-sum-int8"]["recall"] <= 1.0
+    assert recall["lookahead-sum-int8"] != recall["sum-int8"]
 
 
 def _empty_result(score_bits: int) -> dict:

@@ -102,9 +102,15 @@ def test_sparse_attention_reads_a_fraction_of_the_cold_pool(tiny_llama, tmp_path
         cache.close()
 
 
-def test_killing_the_scorer_mid_generation_changes_nothing(tiny_llama, tmp_path):
+# the second layer's candidates prefetched with a predicted query (lookahead.py), or scored as they come
+WITH_AND_WITHOUT_LOOKAHEAD = pytest.mark.parametrize("lookahead", [{"lookahead": False}, {"lookahead_skip": 1}],
+                                                     ids=["in-order", "lookahead"])
+
+
+@WITH_AND_WITHOUT_LOOKAHEAD
+def test_killing_the_scorer_mid_generation_changes_nothing(tiny_llama, tmp_path, lookahead):
     ids = _ids(1, 300, 4)
-    reference_cache = _sparse(tiny_llama, tmp_path, 320, alpha=0.3)
+    reference_cache = _sparse(tiny_llama, tmp_path, 320, alpha=0.3, **lookahead)
     try:
         reference = _run(tiny_llama, reference_cache, ids, 6)
     finally:
@@ -115,7 +121,7 @@ def test_killing_the_scorer_mid_generation_changes_nothing(tiny_llama, tmp_path)
             os.kill(cache.runtime.scorer.process.pid, signal.SIGKILL)
             cache.runtime.scorer.process.wait()
 
-    cache = _sparse(tiny_llama, tmp_path, 320, alpha=0.3)
+    cache = _sparse(tiny_llama, tmp_path, 320, alpha=0.3, **lookahead)
     try:
         faulty = _run(tiny_llama, cache, ids, 6, between_steps=kill_at_step_3)
         assert cache.runtime.scorer.host_scored_requests == 1 and cache.runtime.scorer.restarts == 1
@@ -124,15 +130,16 @@ def test_killing_the_scorer_mid_generation_changes_nothing(tiny_llama, tmp_path)
     assert torch.equal(reference, faulty)
 
 
-def test_a_scorer_crash_inside_a_request_changes_nothing(tiny_llama, tmp_path):
+@WITH_AND_WITHOUT_LOOKAHEAD
+def test_a_scorer_crash_inside_a_request_changes_nothing(tiny_llama, tmp_path, lookahead):
     ids = _ids(1, 300, 5)
-    reference_cache = _sparse(tiny_llama, tmp_path, 310, alpha=0.3)
+    reference_cache = _sparse(tiny_llama, tmp_path, 310, alpha=0.3, **lookahead)
     try:
         reference = _run(tiny_llama, reference_cache, ids, 3)
     finally:
         reference_cache.close()
     cache = _sparse(tiny_llama, tmp_path, 310, alpha=0.3, crash_scorer_after_blocks=7,
-                    score_block_tokens=64)  # several blocks per layer: the crash lands mid-layer
+                    score_block_tokens=64, **lookahead)  # several blocks per layer: the crash lands mid-layer
     try:
         faulty = _run(tiny_llama, cache, ids, 3)
         assert cache.runtime.scorer.host_scored_requests == 1
@@ -233,3 +240,47 @@ def test_the_prompt_is_placed_in_its_tiers_at_the_end_of_prefill(tiny_llama, tmp
         assert len(cache.stats.steps) == 2
     finally:
         cache.close()
+
+
+def test_alpha_one_with_lookahead_equals_dense(tiny_llama, tmp_path):
+    ids = _ids(2, 200, 12)
+    cache = _sparse(tiny_llama, tmp_path, 220, batch=2, alpha=1.0, lookahead_skip=1)
+    try:
+        sparse = _run(tiny_llama, cache, ids, 6)
+        summary = cache.stats.summary()
+        assert summary["lookahead_layers"] > 0  # the second layer took prefetched candidates
+        assert summary["selected_cold"] == summary["pooled_cold"] > 0  # at alpha 1 every cold token is a candidate
+    finally:
+        cache.close()
+    _assert_dense_equivalent(sparse, _dense(tiny_llama, ids, 6))
+
+
+def test_lookahead_attends_top_alpha_of_hot_pool_and_candidates(tiny_llama, tmp_path):
+    ids = _ids(1, 400, 13)
+    cache = _sparse(tiny_llama, tmp_path, 420, alpha=0.1, lookahead_skip=1)
+    try:
+        _run(tiny_llama, cache, ids, 8)
+        steps = [step for step in cache.stats.steps if step.lookahead_layers]
+        assert steps
+        for step in steps:  # two tiered layers, one sequence: k per layer is ceil(alpha * pooled)
+            assert step.selected_hot + step.selected_cold == 2 * np.ceil(0.1 * (step.pooled_hot + step.pooled_cold) / 2)
+            assert step.cold_bytes_fetched > 0
+    finally:
+        cache.close()
+
+
+def test_a_step_that_fails_with_a_prefetch_in_flight_still_closes_cleanly(tiny_llama, tmp_path):
+    ids = _ids(1, 300, 14)
+    cache = _sparse(tiny_llama, tmp_path, 320, alpha=0.2, lookahead_skip=1)
+    _run(tiny_llama, cache, ids, 3)
+
+    def fail_after_the_first_layer(layer, _positions):
+        if layer == 0:  # the second layer's candidates are at the scorer or on their way from the disk
+            raise RuntimeError("injected")
+
+    cache.watch_attended(fail_after_the_first_layer)
+    with pytest.raises(RuntimeError, match="injected"), torch.inference_mode():
+        tiny_llama(input_ids=ids[:, -1:], cache=cache)
+    assert cache.runtime.lookahead.in_flight == 1  # left in flight by the failed step
+    cache.close()
+    assert not list(tmp_path.iterdir())

@@ -59,6 +59,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--beta", default="auto")
     parser.add_argument("--host-share", type=float, default=0.4, help="host budget as a share of the prompt's KV")
     parser.add_argument("--policies", default="hit,naive", help="migration policies to run the sparse path with")
+    parser.add_argument("--lookahead", choices=("on", "off", "both"), default="on",
+                        help="run the sparse path with its lookahead, without it (rows '<mode>-no-lookahead'), or "
+                             "both, alternating in each round")
     parser.add_argument("--skip-offload", action="store_true")
     parser.add_argument("--skip-dense", action="store_true", help="skip the dense reference row (all KV in memory)")
     parser.add_argument("--corpus", choices=("auto", *CORPUS_NAMES), default="auto", help="text for prompts")

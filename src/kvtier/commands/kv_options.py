@@ -33,6 +33,9 @@ def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -
     sparse.add_argument("--beta", default=defaults.beta, help="hot/cold split Mc/Ms, or 'auto' (calibrated latency model)")
     sparse.add_argument("--sink", type=int, default=defaults.sink, help="first tokens always attended")
     sparse.add_argument("--recent", type=int, default=defaults.recent, help="last tokens always attended")
+    sparse.add_argument("--no-lookahead", dest="lookahead", action="store_false",
+                        help="--kv sparse: score each layer's cold pool with its own query only, instead of "
+                             "prefetching its candidates with a query predicted from the previous layer")
 
 
 def kv_config_from(args: argparse.Namespace) -> KVConfig:
@@ -48,5 +51,6 @@ def kv_config_from(args: argparse.Namespace) -> KVConfig:
         beta=args.beta,
         sink=args.sink,
         recent=args.recent,
+        lookahead=args.lookahead,
     ).validated()
 

@@ -13,6 +13,7 @@ import json
 import math
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +28,11 @@ from kvtier.eval.decode_timing import measure_decode
 from kvtier.eval.prefill_tape import PrefillTape, record, recorded_tokens
 from kvtier.eval.record import machine_info
 from kvtier.eval.traffic import sparse_details
-from kvtier.kv.geometry import model_geometry
+from kvtier.kv.geometry import full_attention_layers, model_geometry, text_config
 from kvtier.kv.offload import OffloadCache
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import SparseCache
+from kvtier.sparse.lookahead import QueryForecast
 from kvtier.sparse.planner import load_or_calibrate
 from kvtier.sparse.recall import ESTIMATES, edge_mass, estimate, exact_mass, recall_at
 from kvtier.sparse.settings import SparseSettings
@@ -51,6 +53,7 @@ class SparseBench:
     beta: str
     host_share: float  # host budget as a share of the prompt's KV
     policies: str  # migration policies the sparse path runs with
+    lookahead: str  # "on", "off" or "both": the sparse path with, without or with and without its lookahead
     skip_offload: bool
     skip_dense: bool
     corpus: str
@@ -98,12 +101,14 @@ def _mode_builders(model, model_id: str, tape: PrefillTape, bench: SparseBench, 
         offload = KVConfig(kv="offload", device_kv_budget=device_budget, host_kv_budget=host_budget,
                            storage_dir=storage_dir)
         builders["offload"] = lambda: make_cache(model, offload, max_tokens, bench.batch, model_id)
+    lookaheads = {"on": [True], "off": [False], "both": [True, False]}[bench.lookahead]
     for policy in bench.policies.split(","):
-        sparse = KVConfig(kv="sparse", device_kv_budget=device_budget, host_kv_budget=host_budget,
-                          storage_dir=storage_dir, alpha=bench.alpha, score_bits=bench.score_bits, beta=bench.beta,
-                          policy=policy)
-        builders[f"sparse-{policy}"] = lambda sparse=sparse: make_cache(model, sparse, max_tokens, bench.batch,
-                                                                        model_id)
+        for lookahead in lookaheads:
+            sparse = KVConfig(kv="sparse", device_kv_budget=device_budget, host_kv_budget=host_budget,
+                              storage_dir=storage_dir, alpha=bench.alpha, score_bits=bench.score_bits, beta=bench.beta,
+                              policy=policy, lookahead=lookahead)
+            label = f"sparse-{policy}" + ("" if lookahead else "-no-lookahead")
+            builders[label] = lambda sparse=sparse: make_cache(model, sparse, max_tokens, bench.batch, model_id)
     return builders
 
 
@@ -208,8 +213,9 @@ def _rates_text(row: dict) -> str:
 
 def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
     """Recall of each importance estimate vs exact top-k, averaged over the layers of one decode step
-    after the (batch-1) prompt of `tape`."""
-    with DenseAttentionProbe(model) as probe, torch.inference_mode():  # registers the mask function too:
+    after the (batch-1) prompt of `tape`; "lookahead-sum-int8" ranks with the query the lookahead predicts from the
+    previous layer's input, over the layers it predicts (kvtier.sparse.lookahead)."""
+    with DenseAttentionProbe(model) as probe, _predicted_queries(model, probe) as predicted, torch.inference_mode():
         cache = make_cache(model, KVConfig(), tape.ids.shape[1] + 1)  # chunked prefill needs the causal mask
         logits = tape.prefill(model, cache)
         with probe.capturing():
@@ -217,15 +223,44 @@ def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
     captured = {layer: (query[0, :, 0].float().cpu(), keys[0].float().cpu(), scaling)
                 for layer, (query, keys, scaling) in probe.captured.items()}
     table: dict[str, list[tuple[float, float]]] = {}
-    for query, keys, scaling in captured.values():
+    tiered = full_attention_layers(text_config(model))
+    looked_ahead = {layer for tier, layer in enumerate(tiered)
+                    if tier >= SparseSettings().lookahead_skip and layer - 1 == tiered[tier - 1]}
+    for layer, (query, keys, scaling) in captured.items():
         mass = exact_mass(query, keys, scaling)
         k = math.ceil(alpha * len(mass))
         for aggregation, bits in ESTIMATES:
             name = f"{aggregation}-{'fp' if bits is None else f'int{bits}'}"
             table.setdefault(name, []).append(recall_at(mass, estimate(query, keys, aggregation, bits), k))
+        if layer in looked_ahead:
+            guess = predicted[layer][0, :, 0].float().cpu()
+            table.setdefault("lookahead-sum-int8", []).append(recall_at(mass, estimate(guess, keys, "sum", 8), k))
     recall = {name: {"recall": float(np.mean([r for r, _ in rows])), "mass_recall": float(np.mean([m for _, m in rows]))}
               for name, rows in table.items()}
     return recall | {"edge_mass": _edge_mass([exact_mass(q, k, s) for q, k, s in captured.values()])}
+
+
+@contextmanager
+def _predicted_queries(model, probe: DenseAttentionProbe):
+    """While the probe captures, each layer's decode query as the lookahead predicts it from the previous
+    layer's input: {layer: [B, Hq, 1, D]}."""
+    forecast = QueryForecast(model, model_geometry(model).num_kv_heads, summed=False)
+    predicted: dict[int, torch.Tensor] = {}
+
+    def predict_next(layer: int):
+        def hook(_module, _args, _kwargs) -> None:  # runs after the forecast's own hook captured the input
+            if probe.active and layer + 1 < len(forecast.decoders):
+                predicted[layer + 1] = forecast.predict(layer + 1)
+        return hook
+
+    hooks = [decoder.register_forward_pre_hook(predict_next(layer), with_kwargs=True)
+             for layer, decoder in enumerate(forecast.decoders)]
+    try:
+        yield predicted
+    finally:
+        for hook in hooks:
+            hook.remove()
+        forecast.close()
 
 
 def _edge_mass(masses: list[np.ndarray]) -> dict[str, float]:

@@ -14,6 +14,11 @@ Per decode step and layer (overlapped, not in sequence):
           the chosen hot tokens' (picked out of the dots above) and values -> when the cold pages land
           (checked per page), one exact softmax over window + hot + cold -> bounded promotions and
           window retirement, whose disk writes run on a background thread while the next layers compute.
+    lookahead (default, from the third tiered layer on): once a layer has its cold scores, the scorer
+          scores the next layer's cold pool with that layer's query predicted from this layer's input,
+          and after this layer's attention the best candidates' reads are queued; the next layer then
+          scores hot pool and the landed candidates with its real query and picks among them, with
+          neither the scorer's answer nor the cold reads on its critical path.
 
 Files (one concept each):
     settings.py        SparseSettings: every knob, validated
@@ -38,6 +43,8 @@ Files (one concept each):
     planner.py         APP: latency model, beta by eq. (4) with skew correction, calibration cache
     layer.py           SparseLayer (on kv.windowed's skeleton): hot/cold placement, the overlapped decode step,
                        migration
+    lookahead.py       the next layer's query predicted from this layer's input; its cold candidates scored and
+                       read while this layer computes
     selection.py       the step's picks, attention segments (window, chosen hot, fetched cold), one exact softmax
     attention.py       the attention function hand-off (registered as `kvtier_sparse_<inner>`)
     runtime.py         SparseRuntime: what the layers share (pools' files, scorer client, policy, plan, stats)

@@ -25,6 +25,7 @@ from kvtier.kv.geometry import model_geometry, text_config
 from kvtier.sparse import attention
 from kvtier.sparse.cold_image import ColdImage, save_image
 from kvtier.sparse.layer import SparseLayer
+from kvtier.sparse.lookahead import Lookahead, QueryForecast
 from kvtier.sparse.runtime import SparseRuntime
 from kvtier.sparse.settings import SparseSettings
 from kvtier.sparse.stats import SparseStats
@@ -50,6 +51,8 @@ class SparseCache(Cache, SelectiveKVCache):
         return keys, values
 
     def _open_step(self) -> None:
+        if self.runtime.lookahead is not None:
+            self.runtime.lookahead.drain()  # a step that failed midway may have left one in flight
         step = self.runtime.stats.open_step()
         layers = [layer for layer in self.layers if isinstance(layer, SparseLayer) and layer.distributed]
         for layer in layers:
@@ -119,10 +122,21 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
     attention.install(model)
     runtime = SparseRuntime(settings, max_tokens, batch_size, heads, config.num_attention_heads, head_dim,
                             model.dtype, len(tiered_layers), storage_dir, max_hot, io_threads, image_dir, image_tokens)
+    if settings.lookahead:
+        try:
+            forecast = QueryForecast(model, heads, summed=settings.aggregation == "sum")
+            runtime.lookahead = Lookahead(forecast, settings.lookahead_margin, settings.lookahead_skip, runtime.scorer,
+                                          runtime.cold)
+        except BaseException:
+            runtime.close()
+            raise
     layers = []
     for index in range(config.num_hidden_layers):
         if index in tiered_layers:
             layers.append(SparseLayer(index, tiered_layers.index(index), runtime))
         else:
             layers.append(DynamicSlidingWindowLayer(sliding_window=config.sliding_window))
+    tiers = [layer for layer in layers if isinstance(layer, SparseLayer)]
+    for layer, after in zip(tiers, tiers[1:]):
+        layer.next_tiered = after
     return SparseCache(layers, runtime, tiered_layers)

@@ -15,7 +15,9 @@ Life of a layer:
    builds the chosen hot tokens' logits (the window's were built while the
    scorer worked; selection.py); one softmax covers them all once the cold
    reads land. At alpha = 1 every token is attended, so the output equals a
-   dense cache up to float rounding.
+   dense cache up to float rounding. With lookahead (lookahead.py) a layer's
+   cold candidates were scored with a predicted query and read while the
+   previous layer computed; it picks among hot pool and candidates instead.
 4. After attention, off the critical path: the migration policy swaps a
    bounded number of cold and hot tokens, and tokens leaving the recent
    window enter the hot pool `retire_batch` at a time; when it overflows by
@@ -26,6 +28,7 @@ Life of a layer:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -59,6 +62,8 @@ class SparseLayer(WindowedLayer):
         self.meter = PingPongMeter()
         self._observation: torch.Tensor | None = None
         self._scaling = 1.0
+        self.next_tiered: SparseLayer | None = None  # the next tiered layer of the model (lookahead.py)
+        self.cold_picked: np.ndarray | None = None  # cold tokens each sequence chose at the last step
 
     def make_pool(self, batch: int, heads: int, head_dim: int) -> None:
         self.hot = HotPool(batch, heads, head_dim, self.dtype, pin=self.device.type == "cuda")
@@ -180,50 +185,73 @@ class SparseLayer(WindowedLayer):
         Overlapped, not in sequence: the host scores its hot pool and builds the window's logits while
         the storage scorer scores the cold pool; once the choice is made the cold reads are queued, and
         while the disk works the host records the step in the hit table, plans migration and builds the
-        chosen hot tokens' logits; one softmax covers all three when the reads land. `inner` (the
-        model's own attention) is not needed: the hot scores are the logits.
+        chosen hot tokens' logits; one softmax covers all three when the reads land. With lookahead
+        (lookahead.py) the cold candidates were scored and read while the previous layer computed: the
+        layer scores them with its own query and chooses among hot pool and candidates at once. `inner`
+        (the model's own attention) is not needed: the hot scores are the logits.
         """
         runtime, step = self.runtime, self.runtime.stats.current
         settling = time.perf_counter()
-        runtime.cold.settle(self.tier)  # last step's moves of this layer: normally on disk long since
+        candidates = runtime.lookahead.take(self.tier) if runtime.lookahead is not None else None
+        taken = time.perf_counter()
+        if candidates is None:
+            runtime.cold.settle(self.tier)  # last step's moves of this layer: normally on disk long since
         started = time.perf_counter()
         cold_count = int(runtime.cold.used[self.tier])
         grouped = runtime.grouped_query(query)
-        if cold_count:
+        if candidates is None and cold_count:
             runtime.scorer.request(self.tier, runtime.score_query(grouped).numpy(), cold_count)
+        elif candidates is not None:
+            self._look_ahead()  # the scorer is idle: the next layer's predicted query goes to it now
         hot_dots = self.hot.dots(grouped)
         hot_scores = importance(hot_dots, runtime.settings.aggregation)
         host_scored = time.perf_counter()
         window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
         windowed = time.perf_counter()
-        cold_scores = torch.from_numpy(runtime.scorer.scores()) if cold_count else hot_scores.new_empty(len(query), 0)
-        cold_scored = time.perf_counter()
-        picks = Picks.top(hot_scores, cold_scores, runtime.settings.alpha)
-        chosen = time.perf_counter()
-        wait_cold = runtime.cold.submit_fetch(self.tier, picks.cold)
+        if candidates is None:
+            cold_scores = torch.from_numpy(runtime.scorer.scores()) if cold_count else hot_scores.new_empty(len(query), 0)
+            landed = cold_scored = time.perf_counter()
+            read_wait = 0.0
+            picks = Picks.top(hot_scores, cold_scores, runtime.settings.alpha)
+            chosen = time.perf_counter()
+            wait_cold = runtime.cold.submit_fetch(self.tier, picks.cold)
+            self._look_ahead()  # after this layer's reads are queued: they go first
+        else:
+            fetched = candidates.wait()
+            landed = time.perf_counter()
+            read_wait = landed - windowed
+            picks, cold_scores, cold_segment, cold = self._pick_among(candidates.slots, fetched, grouped, hot_scores,
+                                                                      cold_count)
+            cold_scored = chosen = time.perf_counter()
         submitted = time.perf_counter()
         positions = self._chosen_positions(picks)
         swaps = self._plan_swaps(picks, positions, hot_scores.numpy(), cold_scores.numpy())
         planned = time.perf_counter()
         hot = self._hot_segment(hot_dots, picks)
         segmented = time.perf_counter()
-        cold = wait_cold()
-        cold_segment = self._cold_segment(grouped, picks, positions, cold)
+        if candidates is None:
+            cold = wait_cold()
+            cold_segment = self._cold_segment(grouped, picks, positions, cold)
         cold_fetched = time.perf_counter()
         scaling = kwargs.get("scaling")
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         output = exact_attention([window, hot, cold_segment], query, scaling, attention_mask, kwargs.get("softcap"))
         attended = time.perf_counter()
-        runtime.promotion_price.observe_fetch(submitted - chosen + cold_fetched - segmented, picks.cold_count)
+        if runtime.lookahead is not None:
+            runtime.lookahead.prefetch()  # the next layer's reads, if its scores are in: they overlap the model
+        prefetched = time.perf_counter()
+        runtime.promotion_price.observe_fetch(read_wait + submitted - chosen + cold_fetched - segmented, picks.cold_count)
         if runtime.on_attend is not None:
             self._report_attended(positions)
         self._apply_swaps(swaps, picks, positions, cold)
+        self.cold_picked = np.array([len(slots) for slots in picks.cold])
         self.retire()
         if step is not None:
-            step.score_s += host_scored - started + chosen - windowed
-            step.fetch_s += submitted - chosen + cold_fetched - segmented
+            step.score_s += host_scored - started + chosen - landed
+            step.fetch_s += taken - settling + landed - windowed + submitted - chosen + cold_fetched - segmented \
+                + prefetched - attended
             step.attention_s += windowed - host_scored + segmented - planned + attended - cold_fetched
-            step.migrate_s += started - settling + planned - submitted + time.perf_counter() - attended
+            step.migrate_s += started - taken + planned - submitted + time.perf_counter() - prefetched
             step.host_time_s += host_scored - started
             step.storage_time_s += (cold_scored - started if cold_count else 0.0) + cold_fetched - segmented
             step.selected_hot += picks.hot_count
@@ -231,7 +259,47 @@ class SparseLayer(WindowedLayer):
             step.pooled_hot += self.hot.used * len(query)
             step.pooled_cold += cold_count * len(query)
             step.cold_bytes_fetched += sum(nbytes for _, _, nbytes in cold)
+            step.lookahead_layers += candidates is not None
         return output, None
+
+    def _look_ahead(self) -> None:
+        """Start scoring and reading the next tiered layer's cold candidates with its predicted query, if it
+        follows this layer directly and chose cold tokens before (its count sizes the candidates)."""
+        lookahead, after = self.runtime.lookahead, self.next_tiered
+        if lookahead is None or after is None or after.cold_picked is None \
+                or not lookahead.wants(after.tier, self.layer_idx, after.layer_idx):
+            return
+        cold = self.runtime.cold
+        cold.settle(after.tier)
+        cold_tokens = int(cold.used[after.tier])
+        if cold_tokens:
+            counts = lookahead.candidate_counts(after.cold_picked, cold_tokens, after.candidates_needed(cold_tokens))
+            lookahead.start(after.tier, lookahead.forecast.score_query(after.layer_idx).numpy(), cold_tokens, counts)
+
+    def candidates_needed(self, cold_tokens: int) -> int:
+        """Candidates a sequence needs for the hot pool and them to hold the top-alpha share of the whole pool."""
+        return max(0, math.ceil(self.runtime.settings.alpha * (self.hot.used + cold_tokens)) - self.hot.used)
+
+    def _pick_among(self, slots: list[np.ndarray], fetched: list, grouped: torch.Tensor, hot_scores: torch.Tensor,
+                    cold_count: int) -> tuple[Picks, torch.Tensor, Segment, list]:
+        """The top-alpha of hot pool + prefetched candidates (`slots` per sequence, `fetched` their K/V), scored with
+        this layer's query on their full-precision keys. Returns the picks (cold ones as pool slots), the cold
+        scores [B, cold_count] (-inf off the candidates), the candidates as a segment (the unchosen masked) and
+        the chosen ones' K/V per sequence."""
+        positions = [self.runtime.cold.positions[self.tier][seq][row] for seq, row in enumerate(slots)]
+        segment = cold_fetched(grouped, [(keys, values) for keys, values, _ in fetched], positions)
+        scores = importance(segment.logits, self.runtime.settings.aggregation)  # padding: -inf, never among the top
+        among = Picks.top(hot_scores, scores, self.runtime.settings.alpha, pooled=hot_scores.shape[1] + cold_count)
+        unchosen = torch.ones(scores.shape, dtype=torch.bool)
+        cold_scores = np.full((len(slots), cold_count), -np.inf, dtype=np.float32)
+        for seq, (row, index) in enumerate(zip(slots, among.cold)):
+            unchosen[seq, torch.from_numpy(index)] = False
+            cold_scores[seq, row] = scores[seq, : len(row)].numpy()
+        segment.logits.masked_fill_(unchosen[:, None, None, :], float("-inf"))
+        chosen = [(keys[:, torch.from_numpy(index)], values[:, torch.from_numpy(index)], nbytes)
+                  for (keys, values, nbytes), index in zip(fetched, among.cold)]
+        picks = Picks(among.hot, [row[index] for row, index in zip(slots, among.cold)])
+        return picks, torch.from_numpy(cold_scores), segment.to(self.device), chosen
 
     def _chosen_positions(self, picks: Picks) -> np.ndarray:
         """Token positions [B, k] of the chosen tokens, in the order of their logits (hot, then cold)."""

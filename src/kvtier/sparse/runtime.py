@@ -16,6 +16,7 @@ import torch
 
 from kvtier.sparse.cold_image import ColdImage, image_key
 from kvtier.sparse.cold_pool import ColdPool
+from kvtier.sparse.lookahead import Lookahead
 from kvtier.sparse.migration import make_policy
 from kvtier.sparse.planner import Plan, Throughputs, load_or_calibrate, plan_split, predicted_times
 from kvtier.sparse.promotion_price import PromotionPrice
@@ -55,6 +56,7 @@ class SparseRuntime:
         self.fmt = SketchFormat.for_keys(settings.score_bits, heads, head_dim)
         self.cold: ColdPool | None = None
         self.scorer: ScorerClient | None = None
+        self.lookahead: Lookahead | None = None  # set by make_sparse_cache, which has the model
         try:
             self.image = ColdImage.open(image_dir, image_key(self), image_tokens) if image_dir is not None else None
             if self.image is not None:
@@ -115,6 +117,14 @@ class SparseRuntime:
         return stats
 
     def close(self) -> None:
+        lookahead, self.lookahead = self.lookahead, None
+        try:
+            if lookahead is not None:
+                lookahead.close()  # waits for a prefetch in flight: it uses the scorer and the cold pool
+        finally:
+            self._close_tiers()
+
+    def _close_tiers(self) -> None:
         if self.scorer is not None:
             self.scorer.close()
             self.scorer = None

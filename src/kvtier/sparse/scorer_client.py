@@ -103,6 +103,13 @@ class ScorerClient:
             self._recover(layer)
         return self.channel.results["score"][:, : self._pending_tokens].copy()
 
+    def answered(self) -> bool:
+        """Whether `scores()` would return without waiting for the scorer (its answer, or its death, is in)."""
+        if not self._sent:
+            return True  # nothing to wait for: scores() scores on the host
+        ready, _, _ = select.select([self._response_fd], [], [], 0)
+        return bool(ready)
+
     def round_trip_s(self, repeats: int = 200, pause_s: float = 0.005) -> float:
         """Median seconds of an empty request (no cold tokens): the protocol's fixed cost per layer.
 

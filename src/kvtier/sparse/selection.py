@@ -37,10 +37,13 @@ class Picks:
     cold: list[np.ndarray]
 
     @classmethod
-    def top(cls, hot_scores: torch.Tensor, cold_scores: torch.Tensor, alpha: float) -> Picks:
-        """The top-alpha share of the pooled tokens by score (hot [B, Nh], cold [B, Nc])."""
-        pooled = hot_scores.shape[1] + cold_scores.shape[1]
-        chosen = torch.cat([hot_scores, cold_scores], dim=1).topk(math.ceil(alpha * pooled), dim=1, sorted=False).indices
+    def top(cls, hot_scores: torch.Tensor, cold_scores: torch.Tensor, alpha: float, pooled: int | None = None) -> Picks:
+        """The top-alpha share of the pooled tokens by score (hot [B, Nh], cold [B, Nc]); `pooled`: the pool's size
+        when the cold scores cover only some of its cold tokens (the lookahead's candidates)."""
+        scores = torch.cat([hot_scores, cold_scores], dim=1)
+        pooled = scores.shape[1] if pooled is None else pooled
+        count = min(math.ceil(alpha * pooled), scores.shape[1])
+        chosen = scores.topk(count, dim=1, sorted=False).indices
         chosen = np.sort(chosen.numpy(), axis=1)
         hot_used = hot_scores.shape[1]
         splits = [int(np.searchsorted(row, hot_used)) for row in chosen]

@@ -33,6 +33,12 @@ class SparseSettings:
     # Tokens per streamed score block. Each block is one numpy call in the scorer, so small blocks pay call
     # overhead; 1024 keeps streaming (an 8K layer is several blocks) at near the one-piece cost (docs/decisions.md).
     score_block_tokens: int = 1024
+    # Lookahead (lookahead.py): score and read a layer's cold candidates with its query predicted from the
+    # previous layer's input, margin x its last cold picks; the first `lookahead_skip` tiered layers are not
+    # predicted. Measured choice: docs/decisions.md.
+    lookahead: bool = True
+    lookahead_margin: float = 1.5
+    lookahead_skip: int = 2
     crash_scorer_after_blocks: int = -1  # fault injection for tests: the scorer kills itself after that many blocks
 
     def validated(self) -> SparseSettings:
@@ -52,6 +58,9 @@ class SparseSettings:
                 or self.max_moves < 0:
             raise ConfigError("observation_window, demote_batch, score_block_tokens and retire_batch must be >= 1, "
                               "max_moves >= 0")
+        if self.lookahead_margin < 1.0 or self.lookahead_skip < 1:
+            raise ConfigError(f"lookahead_margin must be >= 1 and lookahead_skip >= 1, got {self.lookahead_margin} "
+                              f"and {self.lookahead_skip}")
         return self
 
 

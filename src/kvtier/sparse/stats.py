@@ -40,6 +40,7 @@ class StepStats:
     cold_bytes_fetched: int = 0  # the K/V fetch's reads (whole read units, bridged gaps included)
     promotions: int = 0
     demotions: int = 0
+    lookahead_layers: int = 0  # layers whose cold candidates were prefetched with a predicted query
 
 
 @dataclass

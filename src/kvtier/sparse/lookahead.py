@@ -1,0 +1,181 @@
+"""Lookahead: the next layer's cold candidates are scored and read while this layer computes.
+
+Consecutive layers' attention inputs are similar (InfiniGen's observation), so
+layer l+1's decode query is predicted from the hidden state entering layer l:
+q' = rope(Wq[l+1] norm[l+1](h_l)). As soon as layer l has its own cold scores
+(the scorer is free), the storage scorer scores layer l+1's cold pool with q';
+after layer l's attention, if its answer is in, the reads of the top
+candidates' full-precision K/V are queued, so they run during the rest of
+layer l. By the time layer l+1 attends, both are usually done: neither the
+scorer's answer nor the cold reads sit on its critical path. All of it runs
+on the decoding thread (a prefetch thread was measured slower on 2 cores:
+its Python work competes with the step's for the interpreter).
+
+The prediction only chooses *candidates*, per sequence `margin` x the cold
+tokens it chose in the layer last step (at least `MIN_CANDIDATES`): layer
+l+1 scores them with its true query on their full-precision keys, and its
+top-alpha over hot pool and candidates is exact for every token it considers.
+A cold token the prediction ranks below the candidates is missed;
+docs/decisions.md has the recall.
+
+Only layers that directly follow a tiered layer are predicted (Gemma 3's full
+layers are five sliding layers apart), and not the first `skip` tiered layers,
+whose inputs change most from layer to layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+MIN_CANDIDATES = 16
+
+
+@dataclass
+class Candidates:
+    """A layer's prefetched cold candidates: per sequence their slots (ascending) and the wait for their verified
+    K/V (keys, values [heads, m, head_dim], bytes read)."""
+
+    slots: list[np.ndarray]
+    wait: Callable[[], list[tuple[torch.Tensor, torch.Tensor, int]]]
+
+
+class QueryForecast:
+    """Captures each decoder layer's input hidden state and predicts the next layer's decode query from it."""
+
+    def __init__(self, model, kv_heads: int, summed: bool) -> None:
+        """`summed`: predict what the "sum" aggregation scores with, each KV head's group of queries summed."""
+        self.decoders = list(model.get_decoder().layers)
+        self.kv_heads, self.summed = kv_heads, summed
+        self.hidden: torch.Tensor | None = None
+        self.rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._summed_projections: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._hooks = [decoder.register_forward_pre_hook(self._capture, with_kwargs=True) for decoder in self.decoders]
+
+    def _capture(self, _module, args, kwargs) -> None:
+        self.hidden = args[0] if args else kwargs["hidden_states"]
+        self.rotary = kwargs.get("position_embeddings")
+
+    def score_query(self, layer_idx: int) -> torch.Tensor:
+        """What the scorer scores layer `layer_idx` with, float32 [B, Hkv, Q, D] (SparseRuntime.score_query's
+        form), predicted from the last captured hidden state."""
+        attention = self.decoders[layer_idx].self_attn
+        with torch.no_grad():
+            if self.summed and not hasattr(attention, "q_norm"):
+                # rotation is linear and the same for every head: summing the group's projection rows first
+                # gives the sum of the rotated queries at a G-th of the product's cost
+                weight, bias = self._summed_projection(layer_idx)
+                query = torch.nn.functional.linear(self._normed(layer_idx), weight, bias)
+                return self._rotated(query.view(len(query), self.kv_heads, 1, -1)).float()
+            query = self.predict(layer_idx).float()
+            grouped = query.view(len(query), self.kv_heads, -1, query.shape[-1])
+            return grouped.sum(dim=2, keepdim=True) if self.summed else grouped
+
+    def predict(self, layer_idx: int) -> torch.Tensor:
+        """Layer `layer_idx`'s decode query [B, Hq, 1, D], predicted from the last captured hidden state."""
+        attention = self.decoders[layer_idx].self_attn
+        with torch.no_grad():
+            hidden = self._normed(layer_idx)
+            query = attention.q_proj(hidden).view(len(hidden), -1, 1, attention.head_dim)
+            if hasattr(attention, "q_norm"):
+                query = attention.q_norm(query)
+            return self._rotated(query)
+
+    def _normed(self, layer_idx: int) -> torch.Tensor:
+        return self.decoders[layer_idx].input_layernorm(self.hidden[:, -1])
+
+    def _rotated(self, query: torch.Tensor) -> torch.Tensor:
+        """transformers' rotary embedding (apply_rotary_pos_emb) of a query [B, H, 1, D] at the current position."""
+        cos, sin = (part[:, None, -1:] for part in self.rotary)
+        half = query.shape[-1] // 2
+        return query * cos + torch.cat([-query[..., half:], query[..., :half]], dim=-1) * sin
+
+    def _summed_projection(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if layer_idx not in self._summed_projections:
+            projection = self.decoders[layer_idx].self_attn.q_proj
+            head_dim = self.decoders[layer_idx].self_attn.head_dim
+            weight = projection.weight.view(self.kv_heads, -1, head_dim, projection.in_features).sum(dim=1)
+            bias = projection.bias
+            self._summed_projections[layer_idx] = (
+                weight.reshape(-1, projection.in_features),
+                None if bias is None else bias.view(self.kv_heads, -1, head_dim).sum(dim=1).reshape(-1))
+        return self._summed_projections[layer_idx]
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self._summed_projections = {}
+
+
+class Lookahead:
+    """At most one layer ahead at a time: its predicted query at the scorer, then its candidates' reads in flight."""
+
+    def __init__(self, forecast: QueryForecast, margin: float, skip: int, scorer, cold) -> None:
+        self.forecast = forecast
+        self.margin, self.skip = margin, skip
+        self.scorer, self.cold = scorer, cold
+        self._tier: int | None = None  # the layer ahead
+        self._counts = np.zeros(0, dtype=np.int64)  # candidates it asked for, per sequence
+        self._candidates: Candidates | None = None  # None while the scorer still works on it
+
+    @property
+    def in_flight(self) -> int | None:
+        """The tier whose scoring or reads are under way, if any."""
+        return self._tier
+
+    def wants(self, next_tier: int, layer_idx: int, next_layer_idx: int) -> bool:
+        """Whether tier `next_tier` (model layer `next_layer_idx`) is predicted from layer `layer_idx`'s input."""
+        return next_layer_idx == layer_idx + 1 and next_tier >= self.skip
+
+    def candidate_counts(self, cold_picked: np.ndarray, cold_tokens: int, least: int) -> np.ndarray:
+        """Candidates per sequence: `margin` x its last cold picks, at least MIN_CANDIDATES and `least`."""
+        wanted = np.maximum(np.ceil(self.margin * cold_picked).astype(np.int64), max(MIN_CANDIDATES, least))
+        return np.minimum(wanted, cold_tokens)
+
+    def start(self, tier: int, predicted: np.ndarray, cold_tokens: int, counts: np.ndarray) -> None:
+        """Ask the scorer for tier `tier`'s cold scores under the predicted query; the scorer must be idle and the
+        layer's writes settled."""
+        self.scorer.request(tier, predicted, cold_tokens)
+        self._tier, self._counts, self._candidates = tier, counts, None
+
+    def prefetch(self, block: bool = False) -> None:
+        """Once the scores are in (or waiting for them with `block`), queue the reads of each sequence's best
+        candidates. Called after a layer's attention, so the reads overlap the rest of the model's layer."""
+        if self._tier is None or self._candidates is not None or not (block or self.scorer.answered()):
+            return
+        scores = self.scorer.scores()
+        slots = [np.sort(_best(row, count)) for row, count in zip(scores, self._counts.tolist())]
+        self._candidates = Candidates(slots, self.cold.submit_fetch(self._tier, slots))
+
+    def take(self, tier: int) -> Candidates | None:
+        """The candidates prefetched for `tier`, or None when none were started for it."""
+        if self._tier != tier:
+            self.drain()
+            return None
+        self.prefetch(block=True)
+        candidates = self._candidates
+        self._tier, self._candidates = None, None
+        return candidates
+
+    def drain(self) -> None:
+        """Finish what is in flight and drop it (a step that ended midway): the scorer and the disk are free."""
+        if self._tier is not None:
+            self.prefetch(block=True)
+            self._candidates.wait()
+            self._tier, self._candidates = None, None
+
+    def close(self) -> None:
+        try:
+            self.drain()  # nothing may still read into buffers or hold the engine's batch once the pool closes
+        finally:
+            self.forecast.close()
+
+
+def _best(scores: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the `count` highest scores (any order)."""
+    return np.argpartition(-scores, count - 1)[:count] if count < len(scores) else np.arange(len(scores))
