@@ -102,8 +102,10 @@ def test_sparse_attention_reads_a_fraction_of_the_cold_pool(tiny_llama, tmp_path
         cache.close()
 
 
-# the second layer's candidates prefetched with a predicted query (lookahead.py), or scored as they come
-WITH_AND_WITHOUT_LOOKAHEAD = pytest.mark.parametrize("lookahead", [{"lookahead": False}, {"lookahead_skip": 1}],
+# the second layer's candidates prefetched with a predicted query (lookahead.py), however small its cold pool
+LOOKAHEAD = {"lookahead_skip": 1, "lookahead_min_cold": 1}
+# ... or scored as they come
+WITH_AND_WITHOUT_LOOKAHEAD = pytest.mark.parametrize("lookahead", [{"lookahead": False}, LOOKAHEAD],
                                                      ids=["in-order", "lookahead"])
 
 
@@ -244,7 +246,7 @@ def test_the_prompt_is_placed_in_its_tiers_at_the_end_of_prefill(tiny_llama, tmp
 
 def test_alpha_one_with_lookahead_equals_dense(tiny_llama, tmp_path):
     ids = _ids(2, 200, 12)
-    cache = _sparse(tiny_llama, tmp_path, 220, batch=2, alpha=1.0, lookahead_skip=1)
+    cache = _sparse(tiny_llama, tmp_path, 220, batch=2, alpha=1.0, **LOOKAHEAD)
     try:
         sparse = _run(tiny_llama, cache, ids, 6)
         summary = cache.stats.summary()
@@ -257,7 +259,7 @@ def test_alpha_one_with_lookahead_equals_dense(tiny_llama, tmp_path):
 
 def test_lookahead_attends_top_alpha_of_hot_pool_and_candidates(tiny_llama, tmp_path):
     ids = _ids(1, 400, 13)
-    cache = _sparse(tiny_llama, tmp_path, 420, alpha=0.1, lookahead_skip=1)
+    cache = _sparse(tiny_llama, tmp_path, 420, alpha=0.1, **LOOKAHEAD)
     try:
         _run(tiny_llama, cache, ids, 8)
         steps = [step for step in cache.stats.steps if step.lookahead_layers]
@@ -269,9 +271,21 @@ def test_lookahead_attends_top_alpha_of_hot_pool_and_candidates(tiny_llama, tmp_
         cache.close()
 
 
+def test_layers_with_small_cold_pools_keep_the_exact_path(tiny_llama, tmp_path):
+    ids = _ids(1, 300, 15)
+    cache = _sparse(tiny_llama, tmp_path, 320, alpha=0.2, lookahead_skip=1, lookahead_min_cold=10_000)
+    try:
+        _run(tiny_llama, cache, ids, 4)
+        summary = cache.stats.summary()
+        assert summary["pooled_cold"] > 0 and summary["selected_cold"] > 0
+        assert summary["lookahead_layers"] == 0 and cache.runtime.lookahead.in_flight is None
+    finally:
+        cache.close()
+
+
 def test_a_step_that_fails_with_a_prefetch_in_flight_still_closes_cleanly(tiny_llama, tmp_path):
     ids = _ids(1, 300, 14)
-    cache = _sparse(tiny_llama, tmp_path, 320, alpha=0.2, lookahead_skip=1)
+    cache = _sparse(tiny_llama, tmp_path, 320, alpha=0.2, **LOOKAHEAD)
     _run(tiny_llama, cache, ids, 3)
 
     def fail_after_the_first_layer(layer, _positions):

@@ -38,7 +38,7 @@ def test_a_layer_predicted_from_its_own_input_gets_its_own_query(tiny_llama, mon
     torch.testing.assert_close(predicted[1], real.sum(dim=2, keepdim=True))
 
 
-@pytest.mark.parametrize("settings", [{"lookahead_margin": 0.5}, {"lookahead_skip": 0}])
+@pytest.mark.parametrize("settings", [{"lookahead_margin": 0.5}, {"lookahead_skip": 0}, {"lookahead_min_cold": 0}])
 def test_bad_lookahead_settings_are_refused(settings):
     with pytest.raises(ConfigError, match="lookahead"):
         SparseSettings(**settings).validated()

@@ -264,7 +264,8 @@ class SparseLayer(WindowedLayer):
 
     def _look_ahead(self) -> None:
         """Start scoring and reading the next tiered layer's cold candidates with its predicted query, if it
-        follows this layer directly and chose cold tokens before (its count sizes the candidates)."""
+        follows this layer directly, its cold pool is large enough and it chose cold tokens before (its count sizes
+        the candidates)."""
         lookahead, after = self.runtime.lookahead, self.next_tiered
         if lookahead is None or after is None or after.cold_picked is None \
                 or not lookahead.wants(after.tier, self.layer_idx, after.layer_idx):
@@ -272,7 +273,7 @@ class SparseLayer(WindowedLayer):
         cold = self.runtime.cold
         cold.settle(after.tier)
         cold_tokens = int(cold.used[after.tier])
-        if cold_tokens:
+        if lookahead.worth(cold_tokens):
             counts = lookahead.candidate_counts(after.cold_picked, cold_tokens, after.candidates_needed(cold_tokens))
             lookahead.start(after.tier, lookahead.forecast.score_query(after.layer_idx).numpy(), cold_tokens, counts)
 

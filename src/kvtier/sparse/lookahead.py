@@ -19,8 +19,10 @@ A cold token the prediction ranks below the candidates is missed;
 docs/decisions.md has the recall.
 
 Only layers that directly follow a tiered layer are predicted (Gemma 3's full
-layers are five sliding layers apart), and not the first `skip` tiered layers,
-whose inputs change most from layer to layer.
+layers are five sliding layers apart), not the first `skip` tiered layers,
+whose inputs change most from layer to layer, and not layers whose cold pool
+is under `min_cold` tokens per sequence: their exact-path reads are short, and
+the prediction and the choice among candidates cost more than they hide.
 """
 
 from __future__ import annotations
@@ -115,9 +117,9 @@ class QueryForecast:
 class Lookahead:
     """At most one layer ahead at a time: its predicted query at the scorer, then its candidates' reads in flight."""
 
-    def __init__(self, forecast: QueryForecast, margin: float, skip: int, scorer, cold) -> None:
+    def __init__(self, forecast: QueryForecast, margin: float, skip: int, min_cold: int, scorer, cold) -> None:
         self.forecast = forecast
-        self.margin, self.skip = margin, skip
+        self.margin, self.skip, self.min_cold = margin, skip, min_cold
         self.scorer, self.cold = scorer, cold
         self._tier: int | None = None  # the layer ahead
         self._counts = np.zeros(0, dtype=np.int64)  # candidates it asked for, per sequence
@@ -131,6 +133,10 @@ class Lookahead:
     def wants(self, next_tier: int, layer_idx: int, next_layer_idx: int) -> bool:
         """Whether tier `next_tier` (model layer `next_layer_idx`) is predicted from layer `layer_idx`'s input."""
         return next_layer_idx == layer_idx + 1 and next_tier >= self.skip
+
+    def worth(self, cold_tokens: int) -> bool:
+        """Whether a layer with `cold_tokens` cold tokens per sequence is large enough to predict."""
+        return cold_tokens >= self.min_cold
 
     def candidate_counts(self, cold_picked: np.ndarray, cold_tokens: int, least: int) -> np.ndarray:
         """Candidates per sequence: `margin` x its last cold picks, at least MIN_CANDIDATES and `least`."""

@@ -35,10 +35,12 @@ class SparseSettings:
     score_block_tokens: int = 1024
     # Lookahead (lookahead.py): score and read a layer's cold candidates with its query predicted from the
     # previous layer's input, margin x its last cold picks; the first `lookahead_skip` tiered layers are not
-    # predicted. Measured choice: docs/decisions.md.
+    # predicted, nor layers with fewer than `lookahead_min_cold` cold tokens per sequence (their reads are short
+    # and the prediction costs more than it hides). Measured choices: docs/decisions.md.
     lookahead: bool = True
     lookahead_margin: float = 1.5
     lookahead_skip: int = 2
+    lookahead_min_cold: int = 4096
     crash_scorer_after_blocks: int = -1  # fault injection for tests: the scorer kills itself after that many blocks
 
     def validated(self) -> SparseSettings:
@@ -58,9 +60,9 @@ class SparseSettings:
                 or self.max_moves < 0:
             raise ConfigError("observation_window, demote_batch, score_block_tokens and retire_batch must be >= 1, "
                               "max_moves >= 0")
-        if self.lookahead_margin < 1.0 or self.lookahead_skip < 1:
-            raise ConfigError(f"lookahead_margin must be >= 1 and lookahead_skip >= 1, got {self.lookahead_margin} "
-                              f"and {self.lookahead_skip}")
+        if self.lookahead_margin < 1.0 or min(self.lookahead_skip, self.lookahead_min_cold) < 1:
+            raise ConfigError(f"lookahead_margin must be >= 1, lookahead_skip and lookahead_min_cold >= 1, got "
+                              f"{self.lookahead_margin}, {self.lookahead_skip} and {self.lookahead_min_cold}")
         return self
 
 
