@@ -57,6 +57,11 @@ def test_lookahead_both_runs_the_sparse_path_with_and_without_it(tiny_model_dir,
     result = json.loads((tmp_path / "out" / f"sparse-{tiny_model_dir.name}-320-b2.json").read_text())
     assert set(result["modes"]) == {"offload", "sparse-hit", "sparse-hit-no-lookahead"}
     assert all(row["disk_read_bytes_per_step"] > 0 for row in result["modes"].values())
+    # the tiny model's two layers are the two the lookahead skips: the rows count no predicted layer
+    assert result["modes"]["sparse-hit"]["lookahead_layers_per_step"] == 0
+    assert result["modes"]["sparse-hit-no-lookahead"]["lookahead_layers_per_step"] == 0
+    text = (tmp_path / "out" / f"sparse-{tiny_model_dir.name}-320-b2.md").read_text()
+    assert text.count("0.0 layers per step took prefetched candidates") == 2
 
 
 def test_unwritable_results_directory_is_a_one_line_error(tiny_model_dir, tmp_path, capsys):

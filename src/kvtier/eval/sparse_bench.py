@@ -314,7 +314,8 @@ def markdown(result: dict) -> str:
                          f"disk bytes per step; scorer round trip {row['scorer_round_trip_us']:.0f} us; "
                          f"APP predicted T_CPU {row['predicted_ms']['T_CPU']:.1f} ms / T_storage "
                          f"{row['predicted_ms']['T_storage']:.1f} ms, measured {row['measured_ms']['T_CPU']:.1f} / "
-                         f"{row['measured_ms']['T_storage']:.1f} ms (beta {row['beta']}){_rates_text(row)}")
+                         f"{row['measured_ms']['T_storage']:.1f} ms (beta {row['beta']}){_rates_text(row)}"
+                         f"{_lookahead_text(row)}")
     lines += ["", "| estimate (aggregation-precision) | recall vs exact top-k | attention-mass recall |", "|---|---|---|"]
     estimates = {name: row for name, row in result["recall"].items() if name != "edge_mass"}
     lines += [f"| {name} | {row['recall']:.3f} | {row['mass_recall']:.3f} |" for name, row in estimates.items()]
@@ -323,6 +324,12 @@ def markdown(result: dict) -> str:
         lines += ["", "attention mass on always-kept tokens (mean over layers): " +
                   ", ".join(f"{window} {share:.1%}" for window, share in edges.items())]
     return "\n".join(lines) + "\n"
+
+
+def _lookahead_text(row: dict) -> str:
+    """How many layers per step took candidates the lookahead prefetched (absent in results from before it)."""
+    layers = row.get("lookahead_layers_per_step")
+    return "" if layers is None else f"; {layers:.1f} layers per step took prefetched candidates"
 
 
 def _size_or_dash(nbytes: float | None) -> str:
