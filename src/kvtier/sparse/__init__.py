@@ -14,11 +14,12 @@ Per decode step and layer (overlapped, not in sequence):
           the chosen hot tokens' (picked out of the dots above) and values -> when the cold pages land
           (checked per page), one exact softmax over window + hot + cold -> bounded promotions and
           window retirement, whose disk writes run on a background thread while the next layers compute.
-    lookahead (default, from the third tiered layer on): once a layer has its cold scores, the scorer
-          scores the next layer's cold pool with that layer's query predicted from this layer's input,
-          and after this layer's attention the best candidates' reads are queued; the next layer then
-          scores hot pool and the landed candidates with its real query and picks among them, with
-          neither the scorer's answer nor the cold reads on its critical path.
+    lookahead (default, from the third tiered layer on, for cold pools of >= 4096 tokens per sequence):
+          once a layer has its cold scores, the scorer scores the next layer's cold pool with that
+          layer's query predicted from this layer's input, and after this layer's attention the best
+          candidates' reads are queued; the next layer then scores hot pool and the landed candidates
+          with its real query and picks among them, with neither the scorer's answer nor the cold
+          reads on its critical path.
 
 Files (one concept each):
     settings.py        SparseSettings: every knob, validated
