@@ -29,7 +29,6 @@ file opened read-only with `stored_pages` is checked by another process too
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -83,7 +82,6 @@ class RecordFile:
         self.io = io
         self._read_buffer = aligned_buffer(0)  # reused by fetches (result() copies out); grown on demand
         self._reading = False
-        self._buffer_lock = threading.Lock()  # the lookahead's prefetch thread fetches too (lookahead.py)
         create = create and stored_pages is None
         flags = os.O_RDONLY if stored_pages is not None else os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
         try:
@@ -132,18 +130,16 @@ class RecordFile:
 
     def _take_read_buffer(self, nbytes: int) -> np.ndarray:
         """The reusable read buffer (grown to `nbytes`), or a fresh one while another fetch still holds it."""
-        with self._buffer_lock:
-            if self._reading:
-                return aligned_buffer(nbytes)
-            if self._read_buffer.nbytes < nbytes:
-                self._read_buffer = aligned_buffer(max(nbytes, 2 * self._read_buffer.nbytes))
-            self._reading = True
-            return self._read_buffer
+        if self._reading:
+            return aligned_buffer(nbytes)
+        if self._read_buffer.nbytes < nbytes:
+            self._read_buffer = aligned_buffer(max(nbytes, 2 * self._read_buffer.nbytes))
+        self._reading = True
+        return self._read_buffer
 
     def _release_read_buffer(self, buffer: np.ndarray) -> None:
-        with self._buffer_lock:
-            if buffer is self._read_buffer:
-                self._reading = False
+        if buffer is self._read_buffer:
+            self._reading = False
 
     def _verify(self, layer: int, seq: int, page_numbers: np.ndarray, data: np.ndarray) -> None:
         """Check pages `page_numbers` of (layer, seq)'s region, read into `data`, against their crcs."""
