@@ -209,9 +209,9 @@ class SparseLayer(WindowedLayer):
         window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
         windowed = time.perf_counter()
         if candidates is None:
+            landed, read_wait = windowed, 0.0  # nothing prefetched: the wait for the scorer's answer is scoring
             cold_scores = torch.from_numpy(runtime.scorer.scores()) if cold_count else hot_scores.new_empty(len(query), 0)
-            landed = cold_scored = time.perf_counter()
-            read_wait = 0.0
+            cold_scored = time.perf_counter()
             picks = Picks.top(hot_scores, cold_scores, runtime.settings.alpha)
             chosen = time.perf_counter()
             wait_cold = runtime.cold.submit_fetch(self.tier, picks.cold)
