@@ -32,7 +32,7 @@ from kvtier.kv.geometry import full_attention_layers, model_geometry, text_confi
 from kvtier.kv.offload import OffloadCache
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import SparseCache
-from kvtier.sparse.lookahead import QueryForecast
+from kvtier.sparse.lookahead import QueryForecast, is_predicted
 from kvtier.sparse.planner import load_or_calibrate
 from kvtier.sparse.recall import ESTIMATES, edge_mass, estimate, exact_mass, recall_at
 from kvtier.sparse.settings import SparseSettings
@@ -224,8 +224,8 @@ def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
                 for layer, (query, keys, scaling) in probe.captured.items()}
     table: dict[str, list[tuple[float, float]]] = {}
     tiered = full_attention_layers(text_config(model))
-    looked_ahead = {layer for tier, layer in enumerate(tiered)
-                    if tier >= SparseSettings().lookahead_skip and layer - 1 == tiered[tier - 1]}
+    looked_ahead = {layer for tier, layer in enumerate(tiered[1:], start=1)
+                    if is_predicted(tier, tiered[tier - 1], layer, SparseSettings().lookahead_skip)}
     for layer, (query, keys, scaling) in captured.items():
         mass = exact_mass(query, keys, scaling)
         k = math.ceil(alpha * len(mass))

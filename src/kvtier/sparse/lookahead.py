@@ -131,8 +131,8 @@ class Lookahead:
         return self._tier
 
     def wants(self, next_tier: int, layer_idx: int, next_layer_idx: int) -> bool:
-        """Whether tier `next_tier` (model layer `next_layer_idx`) is predicted from layer `layer_idx`'s input."""
-        return next_layer_idx == layer_idx + 1 and next_tier >= self.skip
+        """`is_predicted` under this lookahead's skip."""
+        return is_predicted(next_tier, layer_idx, next_layer_idx, self.skip)
 
     def worth(self, cold_tokens: int) -> bool:
         """Whether a layer with `cold_tokens` cold tokens per sequence is large enough to predict."""
@@ -180,6 +180,11 @@ class Lookahead:
             self.drain()  # nothing may still read into buffers or hold the engine's batch once the pool closes
         finally:
             self.forecast.close()
+
+
+def is_predicted(next_tier: int, layer_idx: int, next_layer_idx: int, skip: int) -> bool:
+    """Whether tier `next_tier` (model layer `next_layer_idx`) is predicted from layer `layer_idx`'s input."""
+    return next_layer_idx == layer_idx + 1 and next_tier >= skip
 
 
 def _best(scores: np.ndarray, count: int) -> np.ndarray:
