@@ -163,9 +163,12 @@ def test_gemma3_sliding_layers_stay_dense_and_alpha_one_matches(tiny_gemma3, tmp
     _assert_dense_equivalent(sparse, _dense(tiny_gemma3, ids, 6))
 
 
-def test_migration_swaps_tokens_within_bounds(tiny_llama, tmp_path):
+@WITH_AND_WITHOUT_LOOKAHEAD
+def test_migration_swaps_tokens_within_bounds(tiny_llama, tmp_path, lookahead):
     ids = _ids(1, 300, 7)
-    cache = _sparse(tiny_llama, tmp_path, 340, alpha=0.2, policy="naive", max_moves=3)
+    reference = make_cache(tiny_llama, KVConfig(), 300)
+    _run(tiny_llama, reference, ids, 0)  # the prompt's true K/V
+    cache = _sparse(tiny_llama, tmp_path, 340, alpha=0.2, policy="naive", max_moves=3, **lookahead)
     try:
         _run(tiny_llama, cache, ids, 8)
         steps = cache.stats.steps
@@ -178,6 +181,11 @@ def test_migration_swaps_tokens_within_bounds(tiny_llama, tmp_path):
             window = set(layer.window_positions.tolist())
             assert not hot & cold and not (hot | cold) & window
             assert hot | cold | window == set(range(308))
+            # promoted tokens brought their own K/V into the hot pool (the prompt's are known exactly)
+            slots = np.flatnonzero(layer.hot.positions[0, : layer.hot.used] < 300)
+            positions = torch.from_numpy(layer.hot.positions[0, slots])
+            true_keys = reference.layers[layer.layer_idx].keys[0][:, positions]
+            torch.testing.assert_close(layer.hot.keys[0][:, torch.from_numpy(slots)], true_keys)
         moves, _ = cache.ping_pong()
         assert moves == 2 * sum(step.promotions for step in steps)
     finally:

@@ -213,19 +213,22 @@ class SparseLayer(WindowedLayer):
             cold_scores = torch.from_numpy(runtime.scorer.scores()) if cold_count else hot_scores.new_empty(len(query), 0)
             cold_scored = time.perf_counter()
             picks = Picks.top(hot_scores, cold_scores, runtime.settings.alpha)
+            chosen_scores = [row[slots] for row, slots in zip(cold_scores.numpy(), picks.cold)]
             chosen = time.perf_counter()
             wait_cold = runtime.cold.submit_fetch(self.tier, picks.cold)
             self._look_ahead()  # after this layer's reads are queued: they go first
+            rows = None
         else:
             fetched = candidates.wait()
             landed = time.perf_counter()
             read_wait = landed - windowed
-            picks, cold_scores, cold_segment, cold = self._pick_among(candidates.slots, fetched, grouped, hot_scores,
-                                                                      cold_count)
+            picks, rows, chosen_scores, cold_segment = self._pick_among(candidates.slots, fetched, grouped, hot_scores,
+                                                                        cold_count)
+            cold = fetched
             cold_scored = chosen = time.perf_counter()
         submitted = time.perf_counter()
         positions = self._chosen_positions(picks)
-        swaps = self._plan_swaps(picks, positions, hot_scores.numpy(), cold_scores.numpy())
+        swaps = self._plan_swaps(picks, positions, hot_scores.numpy(), chosen_scores)
         planned = time.perf_counter()
         hot = self._hot_segment(hot_dots, picks)
         segmented = time.perf_counter()
@@ -243,7 +246,7 @@ class SparseLayer(WindowedLayer):
         runtime.promotion_price.observe_fetch(read_wait + submitted - chosen + cold_fetched - segmented, picks.cold_count)
         if runtime.on_attend is not None:
             self._report_attended(positions)
-        self._apply_swaps(swaps, picks, positions, cold)
+        self._apply_swaps(swaps, picks, positions, cold, rows)
         self.cold_picked = np.array([len(slots) for slots in picks.cold])
         self.retire()
         if step is not None:
@@ -282,25 +285,21 @@ class SparseLayer(WindowedLayer):
         return max(0, math.ceil(self.runtime.settings.alpha * (self.hot.used + cold_tokens)) - self.hot.used)
 
     def _pick_among(self, slots: list[np.ndarray], fetched: list, grouped: torch.Tensor, hot_scores: torch.Tensor,
-                    cold_count: int) -> tuple[Picks, torch.Tensor, Segment, list]:
+                    cold_count: int) -> tuple[Picks, list[np.ndarray], list[np.ndarray], Segment]:
         """The top-alpha of hot pool + prefetched candidates (`slots` per sequence, `fetched` their K/V), scored with
-        this layer's query on their full-precision keys. Returns the picks (cold ones as pool slots), the cold
-        scores [B, cold_count] (-inf off the candidates), the candidates as a segment (the unchosen masked) and
-        the chosen ones' K/V per sequence."""
+        this layer's query on their full-precision keys. Returns the picks (cold ones as pool slots), per sequence
+        the chosen candidates' rows in `fetched` and their scores, and the candidates as a segment (the unchosen
+        masked). The chosen K/V are not copied out: only a promotion needs them (`_apply_swaps`)."""
         positions = [self.runtime.cold.positions[self.tier][seq][row] for seq, row in enumerate(slots)]
         segment = cold_fetched(grouped, [(keys, values) for keys, values, _ in fetched], positions)
         scores = importance(segment.logits, self.runtime.settings.aggregation)  # padding: -inf, never among the top
         among = Picks.top(hot_scores, scores, self.runtime.settings.alpha, pooled=hot_scores.shape[1] + cold_count)
-        unchosen = torch.ones(scores.shape, dtype=torch.bool)
-        cold_scores = np.full((len(slots), cold_count), -np.inf, dtype=np.float32)
-        for seq, (row, index) in enumerate(zip(slots, among.cold)):
-            unchosen[seq, torch.from_numpy(index)] = False
-            cold_scores[seq, row] = scores[seq, : len(row)].numpy()
-        segment.logits.masked_fill_(unchosen[:, None, None, :], float("-inf"))
-        chosen = [(keys[:, torch.from_numpy(index)], values[:, torch.from_numpy(index)], nbytes)
-                  for (keys, values, nbytes), index in zip(fetched, among.cold)]
-        picks = Picks(among.hot, [row[index] for row, index in zip(slots, among.cold)])
-        return picks, torch.from_numpy(cold_scores), segment.to(self.device), chosen
+        chosen = np.zeros(scores.shape, dtype=bool)
+        for seq, rows in enumerate(among.cold):
+            chosen[seq, rows] = True
+        segment.logits.masked_fill_(torch.from_numpy(~chosen)[:, None, None, :], float("-inf"))
+        picks = Picks(among.hot, [row[rows] for row, rows in zip(slots, among.cold)])
+        return picks, among.cold, [row[rows] for row, rows in zip(scores.numpy(), among.cold)], segment.to(self.device)
 
     def _chosen_positions(self, picks: Picks) -> np.ndarray:
         """Token positions [B, k] of the chosen tokens, in the order of their logits (hot, then cold)."""
@@ -323,19 +322,22 @@ class SparseLayer(WindowedLayer):
         self.runtime.on_attend(self.layer_idx, np.concatenate([window[:, :sink], chosen, window[:, sink:]], axis=1))
 
     def _plan_swaps(self, picks: Picks, positions: np.ndarray, hot_scores: np.ndarray,
-                    cold_scores: np.ndarray) -> list[Swaps]:
-        """Record the step in the hit table; the policy's swaps per sequence (bounded; most steps none)."""
+                    cold_scores: list[np.ndarray]) -> list[Swaps]:
+        """Record the step in the hit table; the policy's swaps per sequence (bounded; most steps none).
+        `cold_scores`: per sequence, the scores of its chosen cold tokens."""
         self.table.record(positions)
         policy = self.runtime.policy
         if policy is None:
             return [NO_SWAPS] * len(picks.cold)
         hot_positions = self.hot.positions[:, : self.hot.used]
-        return [policy.plan(self.table, seq, cold_positions, cold_scores[seq, slots], hot_positions[seq],
-                            hot_scores[seq]) if len(slots) else NO_SWAPS
-                for seq, (slots, cold_positions) in enumerate(zip(picks.cold, _cold_part(picks, positions)))]
+        return [policy.plan(self.table, seq, cold_positions, cold_scores[seq], hot_positions[seq],
+                            hot_scores[seq]) if len(cold_positions) else NO_SWAPS
+                for seq, cold_positions in enumerate(_cold_part(picks, positions))]
 
-    def _apply_swaps(self, plans: list[Swaps], picks: Picks, positions: np.ndarray, cold: list) -> None:
-        """Promote the planned cold tokens (their K/V just fetched) into the victims' hot slots, and back."""
+    def _apply_swaps(self, plans: list[Swaps], picks: Picks, positions: np.ndarray, cold: list,
+                     rows: list[np.ndarray] | None) -> None:
+        """Promote the planned cold tokens (their K/V just fetched, in `cold`; each sequence's chosen ones at `rows`,
+        or all of them in order when None) into the victims' hot slots, and back."""
         cold_pool = self.runtime.cold
         for seq, (swaps, cold_positions) in enumerate(zip(plans, _cold_part(picks, positions))):
             if not len(swaps):
@@ -347,7 +349,7 @@ class SparseLayer(WindowedLayer):
             victim_keys = self.hot.keys[seq][:, victim_index]
             victim_values = self.hot.values[seq][:, victim_index]
             victim_positions = hot_positions[swaps.victims].copy()
-            promoted = torch.from_numpy(swaps.promote)
+            promoted = torch.from_numpy(swaps.promote if rows is None else rows[seq][swaps.promote])
             cold_pool.replace_later(self.tier, seq, cold_slots[swaps.promote], victim_keys, victim_values,
                                     victim_positions, self._swap_timer(len(swaps)))
             self.hot.replace(seq, swaps.victims, cold_keys[:, promoted], cold_values[:, promoted],
