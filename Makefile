@@ -1,9 +1,9 @@
 # Two entry points, both idempotent: `make run` and `make test`.
-# Everything lives in .venv; a stamp keyed on pyproject.toml, setup.py and the C source skips reinstalling.
+# Everything lives in .venv; a stamp keyed on pyproject.toml, setup.py and the C sources skips reinstalling.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-BUILD  := pyproject.toml setup.py src/kvtier/storage/crc32c_units.c
+BUILD  := pyproject.toml setup.py src/kvtier/storage/crc32c_units.c src/kvtier/sparse/sketch_scores.c
 STAMP  := $(VENV)/.installed-$(shell cat $(BUILD) | cksum | cut -d' ' -f1)
 DEFAULT_MODEL := smollm2-135m
 

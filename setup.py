@@ -1,6 +1,10 @@
-"""The one compiled part of kvtier; everything else is declared in pyproject.toml."""
+"""The compiled parts of kvtier; everything else is declared in pyproject.toml."""
 
 from setuptools import Extension, setup
 
-# crc32c of every page of a read in one call: a Python call per page cost more than the crc (storage/checksum.py)
-setup(ext_modules=[Extension("kvtier.storage._crc32c_units", ["src/kvtier/storage/crc32c_units.c"])])
+setup(ext_modules=[
+    # crc32c of every page of a read in one call: a Python call per page cost more than the crc (storage/checksum.py)
+    Extension("kvtier.storage._crc32c_units", ["src/kvtier/storage/crc32c_units.c"]),
+    # sketch scores straight from the codes: dequantizing first cost the scorer ~6x the dot products (sparse/sketch.py)
+    Extension("kvtier.sparse._sketch_scores", ["src/kvtier/sparse/sketch_scores.c"]),
+])

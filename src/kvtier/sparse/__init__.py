@@ -7,7 +7,7 @@ Tiers per full-attention layer and sequence:
 
 Per decode step and layer (overlapped, not in sequence):
     host: query -> scorer (shared memory + pipe), then q.k over the hot pool (raw dots per query head)
-    scorer: scores the layer's cold sketches, prepared (read + dequantized) while the host computed
+    scorer: scores the layer's cold sketches from their codes, read (prepared) while the host computed
             up to this layer's attention; streams <position, score> blocks back
     host: global top-alpha -> cold reads of the chosen cold tokens queued (kernel AIO, submitted from
           a pool thread) -> while the disk works: hit table, migration plan, the window's logits and
@@ -61,10 +61,10 @@ Decisions and why:
   shared segment is a memfd passed by descriptor (no name another process's
   resource tracker could unlink), the scorer imports no torch (starts fast),
   and it runs numpy single-threaded like the small accelerator it stands for.
-- Scoring uses einsum, not BLAS, so the scorer and the host fallback produce
-  bit-identical scores: a scorer death changes no token of the output. The
-  scorer dequantizes a layer once when it prepares it, so a query costs one dot
-  product per token (docs/decisions.md).
+- Scoring is one compiled call per block that reads the codes as they lie
+  (sketch_scores.c), independent of any thread count, so the scorer and the
+  host fallback produce bit-identical scores: a scorer death changes no token
+  of the output. Dequantizing first cost ~4x more (docs/decisions.md).
 - Attention is computed here, not by the model's attention function: the hot
   pool's q.k are already the logits, so the hot keys are read once per step.
   At alpha = 1 the output equals dense up to float rounding (same tokens).

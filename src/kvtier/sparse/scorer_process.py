@@ -11,9 +11,8 @@ imports numpy and kvtier's storage layer only (no torch), so it starts in a
 fraction of a second, and it runs numpy single-threaded: it stands for a small
 accelerator beside the disk, not for a second copy of the host's cores.
 
-It knows the layer order: once it has answered layer l it reads and
-dequantizes layer l + 1's sketches (sketch_scorer.py), so a query finds them
-ready. On start it answers request id 0 (ready). It exits when the request pipe
+It knows the layer order: once it has answered layer l it reads layer
+l + 1's sketches (sketch_scorer.py), so a query finds them ready. On start it answers request id 0 (ready). It exits when the request pipe
 closes (the host is gone) or on a stop request.
 """
 
@@ -73,7 +72,7 @@ def serve(config: dict) -> None:
 
 
 def _prepare_next(scorer: SketchScorer, layer: int) -> None:
-    """Read and dequantize the next layer while the host computes up to its attention."""
+    """Read the next layer's sketches while the host computes up to its attention."""
     try:
         scorer.prepare(layer)
     except Exception:  # the request for that layer reads again and reports its own failure

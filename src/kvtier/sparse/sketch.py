@@ -14,8 +14,9 @@ INT4 sketches of an fp16 key are 1/4 of its bytes and 1/8 of the K+V bytes,
 the floor of the scorer's I/O per step.
 
 Scoring computes raw inner products only (no softmax, no 1/sqrt(d)): ranking
-is all selection needs, and softmax is monotonic. This module depends on numpy
-only, so the scorer process starts without importing torch.
+is all selection needs, and softmax is monotonic. It reads the codes as they
+lie (sketch_scores.c). This module depends on numpy and that extension only,
+so the scorer process starts without importing torch.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtier.errors import ConfigError
+from kvtier.sparse import _sketch_scores
 
 SCORE_BITS = (8, 4)
 AGGREGATIONS = ("sum", "max")
@@ -87,56 +89,21 @@ def quantize(keys: np.ndarray, fmt: SketchFormat) -> np.ndarray:
     return records
 
 
-def dequantize(records: np.ndarray, fmt: SketchFormat, out: np.ndarray | None = None) -> np.ndarray:
-    """Approximate keys (float32 [tokens, heads, head_dim]) from sketch records.
-
-    The scorer dequantizes a layer once, when its sketches arrive from disk, so that scoring a
-    query is one dot product per token (docs/decisions.md: scoring from the codes cost 7x more).
-    `out`: a float32 buffer of at least tokens x heads x head_dim values to write into (reused, no page faults)."""
-    scales, parts = _split(records, fmt)
-    count = len(records) * fmt.groups * fmt.group
-    keys = (np.empty(count, dtype=np.float32) if out is None else out.reshape(-1)[:count]).reshape(
-        len(records), fmt.groups, fmt.group)
-    for codes, dims in parts:
-        np.multiply(codes, scales[:, :, None], out=keys[:, :, dims])
-    return keys.reshape(-1, fmt.heads, fmt.head_dim)
-
-
-def score(records: np.ndarray, query: np.ndarray, fmt: SketchFormat, aggregation: str) -> np.ndarray:
-    """Raw inner-product importance (float32 [tokens]) of sketch records for one sequence's query."""
-    return score_keys(dequantize(records, fmt), query, aggregation)
-
-
-def score_keys(keys: np.ndarray, query: np.ndarray, aggregation: str) -> np.ndarray:
-    """Raw inner-product importance (float32 [tokens]) of dequantized keys [tokens, heads, head_dim].
+def score(records: np.ndarray, query: np.ndarray, fmt: SketchFormat, aggregation: str,
+          out: np.ndarray | None = None) -> np.ndarray:
+    """Raw inner-product importance (float32 [tokens]) of sketch records for one sequence's query.
 
     `query` is float32 [heads, q_per_head, head_dim]: for "sum" the query heads of a GQA group
     already summed (q_per_head = 1), so the score is the sum over all heads of q_h . k
     (sum_h q_h.k = (sum_h q_h).k), one dot product per token; for "max" every query head, and the
     score is the max over heads.
 
-    Computed with einsum, not BLAS: its result does not depend on a BLAS thread count, so the
-    scorer process and the host fallback agree bit for bit.
+    Scored from the codes in one compiled call (sketch_scores.c), without dequantizing: its result
+    does not depend on a thread count, so the scorer process and the host fallback agree bit for bit.
+    `out`: a contiguous float32 array of at least `len(records)` values to write into.
     """
-    tokens = len(keys)
-    if aggregation == "sum":
-        return np.einsum("td,d->t", keys.reshape(tokens, -1), query.reshape(-1))
-    dots = np.einsum("thd,hqd->thq", keys, query)
-    return dots.reshape(tokens, -1).max(axis=1)
-
-
-def _split(records: np.ndarray, fmt: SketchFormat) -> tuple[np.ndarray, list[tuple[np.ndarray, slice]]]:
-    """Scales (float32 [T, groups]) and code parts: (int8 codes [T, groups, n], their dims within a group).
-
-    INT8 has one part holding every dim; INT4 two, the low nibbles (even dims) and the high (odd dims).
-    """
-    records = np.ascontiguousarray(records)
-    tokens = len(records)
-    scales = records[:, : 2 * fmt.groups].view(np.float16).astype(np.float32)
-    raw = records[:, 2 * fmt.groups :]
-    if fmt.bits == 8:
-        return scales, [(raw.view(np.int8).reshape(tokens, fmt.groups, fmt.group), slice(None))]
-    low = (raw << 4).view(np.int8) >> 4  # arithmetic shifts sign-extend the nibbles
-    high = raw.view(np.int8) >> 4
-    half = (tokens, fmt.groups, fmt.group // 2)
-    return scales, [(low.reshape(half), slice(0, None, 2)), (high.reshape(half), slice(1, None, 2))]
+    records = np.ascontiguousarray(records, dtype=np.uint8)
+    out = np.empty(len(records), dtype=np.float32) if out is None else out[: len(records)]
+    _sketch_scores.scores(records, np.ascontiguousarray(query, dtype=np.float32), out, fmt.bits, fmt.heads,
+                          fmt.head_dim, fmt.group, aggregation == "max")
+    return out

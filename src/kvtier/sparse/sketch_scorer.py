@@ -5,11 +5,10 @@ fallback: one code path, so a fallback produces bit-identical scores and the
 generation continues exactly as it would have.
 
 A layer's sketches are read (one large page-aligned read per sequence, all
-sequences in flight together) and dequantized once; a query is then one dot
-product per token. The scorer process knows the layer order: as soon as it
-has answered layer l it *prepares* layer l + 1 (reads and dequantizes its
-sketches), so that work overlaps the host's computation of layer l + 1 up to
-its attention, and a query finds its keys ready. A prepared layer is used only
+sequences in flight together) and scored from their codes (sketch.py). The
+scorer process knows the layer order: as soon as it has answered layer l it
+*prepares* layer l + 1 (reads its sketches), so that read overlaps the host's
+computation of layer l + 1 up to its attention, and a query finds them ready. A prepared layer is used only
 while the host has not rewritten it (its version counter and cold-token count
 in the channel are unchanged); otherwise the request reads the disk.
 
@@ -33,19 +32,19 @@ import numpy as np
 
 from kvtier.sparse.protocol import CONTROL_COLD_TOKENS, CONTROL_SCORER_READ_BYTES, Channel
 from kvtier.sparse.record_file import RecordLayout
-from kvtier.sparse.sketch import SketchFormat, dequantize, score_keys
+from kvtier.sparse.sketch import SketchFormat, score
 from kvtier.sparse.stored_sketches import StoredSketches
 from kvtier.storage import IOEngine, aligned_buffer
 
 
 @dataclass
 class PreparedLayer:
-    """A layer's dequantized sketches per sequence, valid for one (version, cold-token count)."""
+    """A layer's sketch records per sequence, valid for one (version, cold-token count)."""
 
     layer: int
     version: int
     count: int
-    keys: list[np.ndarray]  # float32 [count, heads, head_dim] per sequence
+    records: list[np.ndarray]  # uint8 [count, record_bytes] per sequence
 
     def current(self, layer: int, version: int, count: int) -> bool:
         """Whether these are `layer`'s sketches as the host last published them."""
@@ -73,11 +72,10 @@ class SketchScorer:
         self._cached: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
         self._cached_bytes = 0
         self._buffers = [aligned_buffer(layout.region_stride) for _ in range(layout.batch)]
-        self._keys_out = [np.empty(layout.slots * fmt.heads * fmt.head_dim, dtype=np.float32)
-                          for _ in range(layout.batch)]  # dequantized keys, reused layer after layer
+        self._scores = np.empty(block_tokens, dtype=np.float32)  # one block's scores, before they go to the channel
 
     def prepare(self, layer: int) -> None:
-        """Read and dequantize `layer`'s sketches now, ahead of its query (nothing to do if they still are)."""
+        """Read `layer`'s sketches now, ahead of its query (nothing to do if they still are current)."""
         version = int(self.channel.versions[layer])  # before the count and the data: a rewrite since shows
         count = int(self.channel.cold_used[layer])
         if self._prepared is not None and self._prepared.current(layer, version, count):
@@ -91,31 +89,31 @@ class SketchScorer:
             self.channel.progress[:] = 0
         blocks = -(-count // self.block_tokens)
         pending = [seq for seq in range(self.layout.batch) if self.channel.progress[seq] < blocks]
-        keys = self._keys(layer, count, pending)
+        records = self._records(layer, count, pending)
         for seq in pending:
-            self._score_sequence(layer, seq, count, keys[seq])
+            self._score_sequence(layer, seq, count, records[seq])
 
-    def _keys(self, layer: int, count: int, seqs: list[int]) -> dict[int, np.ndarray]:
-        """Dequantized keys of `seqs`: the prepared layer if it is still current, else read now."""
+    def _records(self, layer: int, count: int, seqs: list[int]) -> dict[int, np.ndarray]:
+        """Sketch records of `seqs`: the prepared layer's if it is still current, else read now."""
         prepared, version = self._prepared, int(self.channel.versions[layer])
         if prepared is not None and prepared.current(layer, version, count):
-            return {seq: prepared.keys[seq] for seq in seqs}
+            return {seq: prepared.records[seq] for seq in seqs}
         self._prepared = None  # its buffers are about to be overwritten
         return dict(zip(seqs, self._load(layer, count, version, seqs)))
 
-    def _score_sequence(self, layer: int, seq: int, count: int, keys: np.ndarray) -> None:
+    def _score_sequence(self, layer: int, seq: int, count: int, records: np.ndarray) -> None:
         query = np.ascontiguousarray(self.channel.query[seq])
         positions = self.channel.positions[layer, seq]
         results = self.channel.results[seq]
         for block in range(int(self.channel.progress[seq]), -(-count // self.block_tokens)):
             lo, hi = block * self.block_tokens, min(count, (block + 1) * self.block_tokens)
             results["position"][lo:hi] = positions[lo:hi]
-            results["score"][lo:hi] = score_keys(keys[lo:hi], query, self.aggregation)
+            results["score"][lo:hi] = score(records[lo:hi], query, self.fmt, self.aggregation, out=self._scores)
             self.channel.progress[seq] = block + 1  # after the block's data: the host may read it from now on
             self._maybe_crash()
 
     def _load(self, layer: int, count: int, version: int, seqs: list[int] | None = None) -> list[np.ndarray]:
-        """Dequantized keys of the first `count` cold tokens of each of `seqs` (default: all), read together;
+        """Sketch records of the first `count` cold tokens of each of `seqs` (default: all), read together;
         `version`: the layer's version read before the count (what a cached copy is valid for)."""
         seqs = list(range(self.layout.batch)) if seqs is None else seqs
         records: dict[int, np.ndarray] = {}
@@ -131,7 +129,7 @@ class SketchScorer:
             self.channel.control[CONTROL_SCORER_READ_BYTES] += self._read(layer, count, from_disk)
         for seq in from_disk:
             self._remember(layer, seq, version, records[seq])
-        return [dequantize(records[seq], self.fmt, out=self._keys_out[seq]) for seq in seqs]
+        return [records[seq] for seq in seqs]
 
     def _read(self, layer: int, count: int, seqs: list[int]) -> int:
         """The first `count` sketches of each of `seqs` into their buffers, read together; the bytes read."""
