@@ -23,7 +23,8 @@ Per decode step and layer (overlapped, not in sequence):
 
 Files (one concept each):
     settings.py        SparseSettings: every knob, validated
-    sketch.py          INT8/INT4 key sketches with per-group scales; raw inner-product scoring (numpy only)
+    sketch.py          INT8/INT4 key sketches with per-group scales; raw inner-product scoring from the codes
+    sketch_scores.c    that scoring, compiled (AVX2 where present): one call per score block
     record_file.py     per-token records in page-aligned (layer, sequence) regions; page read-modify-write
     protocol.py        shared-memory channel layout and the 24/16-byte pipe messages
     sketch_scorer.py   next-layer preparation, scoring into streamed score blocks (scorer process and host fallback)
