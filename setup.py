@@ -5,6 +5,6 @@ from setuptools import Extension, setup
 setup(ext_modules=[
     # crc32c of every page of a read in one call: a Python call per page cost more than the crc (storage/checksum.py)
     Extension("kvtier.storage._crc32c_units", ["src/kvtier/storage/crc32c_units.c"]),
-    # sketch scores straight from the codes: dequantizing first cost the scorer ~6x the dot products (sparse/sketch.py)
+    # sketch scores straight from the codes: dequantizing first in numpy cost the scorer ~4x more (sparse/sketch.py)
     Extension("kvtier.sparse._sketch_scores", ["src/kvtier/sparse/sketch_scores.c"]),
 ])

@@ -12,8 +12,9 @@ fraction of a second, and it runs numpy single-threaded: it stands for a small
 accelerator beside the disk, not for a second copy of the host's cores.
 
 It knows the layer order: once it has answered layer l it reads layer
-l + 1's sketches (sketch_scorer.py), so a query finds them ready. On start it answers request id 0 (ready). It exits when the request pipe
-closes (the host is gone) or on a stop request.
+l + 1's sketches (sketch_scorer.py), so a query finds them ready. On start it
+answers request id 0 (ready). It exits when the request pipe closes (the host
+is gone) or on a stop request.
 """
 
 from __future__ import annotations

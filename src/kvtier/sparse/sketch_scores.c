@@ -2,15 +2,15 @@
 
    The storage scorer scores every cold token of every layer at every step.
    Dequantizing the sketches to float32 first (numpy) and then taking one dot
-   product per token cost ~6x the dot products themselves, and it ran on the
-   scorer's core that the host's decode shares on small machines. Here each
-   scale group's int8 (or unpacked int4) codes are dotted with the query and
-   the result is scaled once: score = sum over groups of scale * (codes . q).
-   Eight independent partial sums per group let the compiler use vector
-   instructions without reordering a float reduction, so the result does not
-   depend on the build's flags beyond the instruction set, and the scorer
-   process and the host's fallback (same code, same machine) agree bit for bit.
-   The GIL is released while it runs. Record layout: sketch.py. */
+   product per token cost ~4x this, on the scorer's core, which the host's
+   decode shares on small machines. Here each scale group's int8 (or unpacked
+   int4) codes are dotted with the query and the result is scaled once:
+   score = sum over groups of scale * (codes . q). The AVX2 path (chosen at
+   import where the CPU has AVX2, FMA and F16C) does that with explicit vector
+   instructions; the portable path keeps eight independent partial sums per
+   group. The scorer process and the host's fallback run this same compiled
+   code on the same machine, so they agree bit for bit. The GIL is released
+   while it runs. Record layout: sketch.py. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
