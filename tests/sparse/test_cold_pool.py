@@ -12,7 +12,7 @@ from kvtier.storage import PAGE, SECTOR, IOEngine
 
 @pytest.fixture()
 def cold(tmp_path):
-    channel = Channel.create(ChannelSpec(2, 1, 2, 1, 32, 50))
+    channel = Channel.create(ChannelSpec(2, 1, 2, 1, 32, 50, kv_record_bytes=2 * 2 * 32 * 4))
     with IOEngine(2) as io:
         pool = ColdPool(str(tmp_path), 1, 2, 50, 2, 32, torch.float32, SketchFormat(8, 2, 32), io, channel)
         yield pool

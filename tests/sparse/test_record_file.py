@@ -7,6 +7,7 @@ import pytest
 from kvtier.sparse import record_file
 from kvtier.sparse.record_file import RecordFile, RecordLayout
 from kvtier.storage import PAGE, SECTOR, IOEngine, direct_read_unit, open_direct, round_up
+from kvtier.storage.checksum import PageChecksums
 
 
 @pytest.fixture(params=[SECTOR, PAGE], ids=["sectors", "pages"])
@@ -76,7 +77,7 @@ def test_writes_of_records_sharing_pages_keep_every_record(tmp_path, page):
     layout = RecordLayout(record_bytes=300, layers=1, batch=1, slots=200)
     rng = np.random.default_rng(3)
     with IOEngine(2) as io:
-        file = RecordFile(str(tmp_path / "pool"), layout, io, page_checksums=True)
+        file = RecordFile(str(tmp_path / "pool"), layout, io, page_checksums=PageChecksums)
         try:
             expected = _records(200, 300, 0)
             file.write_records(0, 0, np.arange(200), expected)

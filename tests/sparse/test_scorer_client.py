@@ -2,7 +2,6 @@
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -62,25 +61,6 @@ def test_scores_stream_back_as_position_score_blocks(pool):
         client.close()
     assert client.process is None
 
-
-
-def test_answered_says_when_scores_would_not_wait(pool):
-    channel, file, keys = pool
-    client = _client(channel, file)
-    try:
-        client.request(1, channel.query, TOKENS)
-        deadline = time.monotonic() + 30
-        while not client.answered() and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert client.answered()
-        client.scores()
-        np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"], _expected(channel, keys, 1, 0))
-        os.kill(client.process.pid, signal.SIGKILL)  # a dead scorer's request is answered at once: by the host
-        client.process.wait()
-        client.request(0, channel.query, TOKENS)
-        assert client.answered()
-    finally:
-        client.close()
 
 
 def test_an_empty_request_is_a_cheap_round_trip(pool):

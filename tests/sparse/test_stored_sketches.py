@@ -7,6 +7,7 @@ from kvtier.errors import ChecksumError
 from kvtier.sparse.record_file import RecordFile, RecordLayout, open_for_reading
 from kvtier.sparse.stored_sketches import StoredSketches
 from kvtier.storage import PAGE, IOEngine, aligned_buffer
+from kvtier.storage.checksum import PageChecksums
 
 RECORD, SLOTS = 100, 500  # records across page boundaries
 
@@ -19,7 +20,7 @@ def records(seed: int, count: int) -> np.ndarray:
 def files(tmp_path):
     """A stored file of 300 records per region (with its page crcs) and an own file of another slot capacity."""
     with IOEngine(2) as io:
-        stored = RecordFile(str(tmp_path / "stored"), RecordLayout(RECORD, 2, 1, 320), io, page_checksums=True)
+        stored = RecordFile(str(tmp_path / "stored"), RecordLayout(RECORD, 2, 1, 320), io, page_checksums=PageChecksums)
         own = RecordFile(str(tmp_path / "own"), RecordLayout(RECORD, 2, 1, SLOTS), io)
         for layer in range(2):
             stored.write_records(layer, 0, np.arange(300), records(layer, 300))

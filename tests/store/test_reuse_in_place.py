@@ -1,5 +1,6 @@
 """`--kv sparse` and the store: a stored document's cold pool is used where it lies, checked, never rewritten."""
 
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -16,6 +17,7 @@ from kvtier.sparse import cold_image
 from kvtier.sparse.cold_image import IMAGE_DIR, ColdImage, CorruptImage
 from kvtier.sparse.cache import SparseCache
 from kvtier.sparse.cold_pool import ColdPool
+from kvtier.sparse.lookahead import Lookahead
 from kvtier.store import DocumentStore
 from kvtier.store import entry as entry_module
 from kvtier.store import store as store_module
@@ -273,3 +275,24 @@ def _damage(store, how: str) -> None:
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0x01
         path.write_bytes(bytes(data))
+
+
+def test_the_lookaheads_candidates_are_read_from_the_image_where_they_lie(tiny_llm, document, store, sparse,
+                                                                          monkeypatch):
+    settings = KVConfig.sparse_settings
+    monkeypatch.setattr(KVConfig, "sparse_settings", lambda config: dataclasses.replace(
+        settings(config), lookahead_skip=1, lookahead_min_cold=1))  # every layer after the first is predicted
+    taken = []
+
+    def take(lookahead, tier, take=Lookahead.take):
+        candidates = take(lookahead, tier)
+        taken.append(candidates is not None)
+        return candidates
+
+    monkeypatch.setattr(Lookahead, "take", take)
+    ask(tiny_llm, document, store, FIRST, sparse)
+    cold = generate(tiny_llm, f"{document} {SECOND}", 24, sparse, progress=False)
+    taken.clear()
+    warm = ask(tiny_llm, document, store, SECOND, sparse, 24)  # the scorer reads candidates in the image's file
+    assert warm.reused_prompt_tokens > 0 and warm.token_ids == cold.token_ids
+    assert any(taken)

@@ -15,20 +15,24 @@ Per decode step and layer (overlapped, not in sequence):
           (checked per page), one exact softmax over window + hot + cold -> bounded promotions and
           window retirement, whose disk writes run on a background thread while the next layers compute.
     lookahead (default, from the third tiered layer on, for cold pools of >= 4096 tokens per sequence):
-          once a layer has its cold scores, the scorer scores the next layer's cold pool with that
-          layer's query predicted from this layer's input, and after this layer's attention the best
-          candidates' reads are queued; the next layer then scores hot pool and the landed candidates
-          with its real query and picks among them, with neither the scorer's answer nor the cold
-          reads on its critical path.
+          once a layer has its cold candidates, the scorer scores the next layer's cold pool with that
+          layer's query predicted from this layer's input, then reads the best candidates' K/V and
+          checks them (page crcs the host keeps in the shared segment) into shared memory; the next
+          layer then scores hot pool and candidates with its real query and picks among them, with
+          neither the scoring nor the cold reads on the host's critical path or core.
 
 Files (one concept each):
     settings.py        SparseSettings: every knob, validated
     sketch.py          INT8/INT4 key sketches with per-group scales; raw inner-product scoring from the codes
     sketch_scores.c    that scoring, compiled (AVX2 where present): one call per score block
     record_file.py     per-token records in page-aligned (layer, sequence) regions; page read-modify-write
-    protocol.py        shared-memory channel layout and the 24/16-byte pipe messages
+    protocol.py        shared-memory channel layout (with the K|V file's page crcs and two candidate areas) and the
+                       24/16-byte pipe messages
     sketch_scorer.py   next-layer preparation, scoring into streamed score blocks (scorer process and host fallback)
-    scorer_process.py  the storage-side scorer process (`python -m kvtier.sparse.scorer_process`)
+    scorer_process.py  the storage-side scorer process (`python -m kvtier.sparse.scorer_process`): scoring, and
+                       for the lookahead, its candidates' reads
+    candidate_reads.py the scorer's reads of the lookahead's candidates: best-scored slots, K/V checked, handed over
+    slot_reads.py      reading cold slots' K/V where they lie (own file or a stored image's), host and scorer alike
     scorer_client.py   host side, the layers' one seam to the scorer: start, request/scores, death/hang
                        detection, host fallback, restart
     hot_pool.py        HotPool (torch, host DRAM)
@@ -46,7 +50,7 @@ Files (one concept each):
     layer.py           SparseLayer (on kv.windowed's skeleton): hot/cold placement, the overlapped decode step,
                        migration
     lookahead.py       the next layer's query predicted from this layer's input; its cold candidates scored and
-                       read while this layer computes
+                       read by the scorer while this layer computes
     selection.py       the step's picks, attention segments (window, chosen hot, fetched cold), one exact softmax
     attention.py       the attention function hand-off (registered as `kvtier_sparse_<inner>`)
     runtime.py         SparseRuntime: what the layers share (pools' files, scorer client, policy, plan, stats)

@@ -291,6 +291,11 @@ class ColdImage:
         return {"path": str(self.directory / SKETCH), "layout": self.sketch_layout.to_dict(),
                 "pages_path": str(self.directory / (SKETCH + CRC)), "page": self.sketch_page}
 
+    def scorer_kv_config(self) -> dict:
+        """What the scorer needs to read the lookahead's candidates from the stored K|V records (scorer_process.py)."""
+        return {"path": str(self.directory / KV), "layout": self.kv_layout.to_dict(),
+                "pages_path": str(self.directory / (KV + CRC)), "page": self.kv_pages.page}
+
 
 def _read(path: Path) -> bytes:
     try:

@@ -14,8 +14,9 @@ the cold-token count and bumps the layer's version, then sends requests; a
 scorer therefore never sees a slot whose bytes are not on disk. Writes after
 placement (`append_later`, `replace_later`) run on a background thread
 (background_writes.py); `settle(layer)` waits for a layer's before it is read. Every page of
-the K|V file carries a crc32c kept in host memory and checked on every fetch
-(record_file.py), every page of a fetch in one compiled call.
+the K|V file carries a crc32c, kept in the shared channel (the scorer reads the
+lookahead's candidates too) and checked on every read (record_file.py), every
+page of a read in one compiled call.
 
 With a `base` (a stored document's image, cold_image.py), `adopt` hands a layer's
 first slots to the base's read-only files: the prompt's cold tokens are not
@@ -38,7 +39,9 @@ from kvtier.sparse.background_writes import BackgroundWrites
 from kvtier.sparse.protocol import Channel
 from kvtier.sparse.record_file import RecordFile, RecordLayout
 from kvtier.sparse.sketch import SketchFormat, quantize
+from kvtier.sparse.slot_reads import submit_slot_reads
 from kvtier.storage import IOEngine
+from kvtier.storage.checksum import PageChecksums
 
 
 class ColdPool:
@@ -53,14 +56,15 @@ class ColdPool:
         self.io = io
         self.base = base
         self.writes = BackgroundWrites()
-        self.token_bytes = heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+        self.token_bytes = kv_record_bytes(heads, head_dim, dtype) // 2
         stem = os.path.join(directory, f"sparse-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        # the K|V pages' crcs live in the channel: the scorer checks the candidates it reads (candidate_reads.py)
         self.kv = RecordFile(stem + ".kv", RecordLayout(2 * self.token_bytes, layers, batch, slots), io,
-                             page_checksums=True)
+                             page_checksums=channel.kv_checksums)
         try:
             # page crcs of the sketches too: a stored image persists them for the scorer (cold_image.py)
             self.sketches = RecordFile(stem + ".sketch", RecordLayout(fmt.record_bytes, layers, batch, slots), io,
-                                       page_checksums=True)
+                                       page_checksums=PageChecksums)
         except BaseException:
             self.kv.remove()
             raise
@@ -138,37 +142,15 @@ class ColdPool:
                      seqs: list[int] | None = None) -> Callable[[], list[tuple[torch.Tensor, torch.Tensor, int]]]:
         """`fetch_many` with the reads queued now: returns the function that waits for them (the host works meanwhile)."""
         seqs = list(range(len(slots_by_seq))) if seqs is None else seqs
-        if self.base is not None:
-            return self._submit_layered(layer, slots_by_seq, seqs)
-        pending = self.kv.submit_many(layer, list(zip(seqs, slots_by_seq)))
+        wait = submit_slot_reads(self.kv, self.base, self.channel.overlay, layer, slots_by_seq, seqs)
 
         def result() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-            read = pending.result()  # every page verified
-            return [self._tokens(slots, records, nbytes) for slots, (records, nbytes) in zip(slots_by_seq, read)]
+            return [self.tokens(slots, records, nbytes) for slots, (records, nbytes) in zip(slots_by_seq, wait())]
 
         return result
 
-    def _submit_layered(self, layer: int, slots_by_seq: list[np.ndarray],
-                        seqs: list[int]) -> Callable[[], list[tuple[torch.Tensor, torch.Tensor, int]]]:
-        """`submit_fetch` over the base and this run's file: each slot read where its bytes are (the overlay)."""
-        own = [self.channel.overlay[layer, seq, slots].astype(bool) for seq, slots in zip(seqs, slots_by_seq)]
-        own_reads = self.kv.submit_many(layer, [(seq, slots[mine]) for seq, slots, mine in zip(seqs, slots_by_seq, own)])
-        base_reads = self.base.submit_many(layer, [(seq, slots[~mine])
-                                                   for seq, slots, mine in zip(seqs, slots_by_seq, own)])
-
-        def result() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-            fetched = []
-            for slots, mine, (own_records, own_bytes), (base_records, base_bytes) in zip(
-                    slots_by_seq, own, own_reads.result(), base_reads.result()):
-                records = np.empty((len(slots), self.kv.layout.record_bytes), dtype=np.uint8)
-                records[mine], records[~mine] = own_records, base_records
-                fetched.append(self._tokens(slots, records, own_bytes + base_bytes))
-            return fetched
-
-        return result
-
-    def _tokens(self, slots: np.ndarray, records: np.ndarray, nbytes: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """K/V [heads, n, head_dim] of verified records read for `slots`."""
+    def tokens(self, slots: np.ndarray, records: np.ndarray, nbytes: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """K/V [heads, n, head_dim] of verified records read for `slots` (views of `records`), and `nbytes`."""
         if not len(slots):  # torch gives an empty byte array a zero stride, which it refuses to reinterpret
             empty = torch.empty(self.heads, 0, self.head_dim, dtype=self.dtype)
             return empty, empty.clone(), 0
@@ -178,9 +160,15 @@ class ColdPool:
     def close(self) -> None:
         self.writes.close()
         self.kv.remove()
+        self.kv.pages = None  # views of the channel, which its owner closes next
         self.sketches.remove()
         if self.base is not None:
             self.base.close()  # the stored image's: closed, never removed
+
+
+def kv_record_bytes(heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of one token's K|V record of one layer."""
+    return 2 * heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
 
 def _bytes(tokens: torch.Tensor) -> torch.Tensor:

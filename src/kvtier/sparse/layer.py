@@ -15,9 +15,10 @@ Life of a layer:
    builds the chosen hot tokens' logits (the window's were built while the
    scorer worked; selection.py); one softmax covers them all once the cold
    reads land. At alpha = 1 every token is attended, so the output equals a
-   dense cache up to float rounding. With lookahead (lookahead.py) a layer's
-   cold candidates were scored with a predicted query and read while the
-   previous layer computed; it picks among hot pool and candidates instead.
+   dense cache up to float rounding. With lookahead (lookahead.py) the storage
+   scorer scored a layer's cold pool with a predicted query and read its best
+   candidates while the previous layer computed; the layer picks among hot
+   pool and candidates instead.
 4. After attention, off the critical path: the migration policy swaps a
    bounded number of cold and hot tokens, and tokens leaving the recent
    window enter the hot pool `retire_batch` at a time; when it overflows by
@@ -186,8 +187,8 @@ class SparseLayer(WindowedLayer):
         the storage scorer scores the cold pool; once the choice is made the cold reads are queued, and
         while the disk works the host records the step in the hit table, plans migration and builds the
         chosen hot tokens' logits; one softmax covers all three when the reads land. With lookahead
-        (lookahead.py) the cold candidates were scored and read while the previous layer computed: the
-        layer scores them with its own query and chooses among hot pool and candidates at once. `inner`
+        (lookahead.py) the scorer scored and read the cold candidates while the previous layer computed:
+        the layer scores them with its own query and chooses among hot pool and candidates at once. `inner`
         (the model's own attention) is not needed: the hot scores are the logits.
         """
         runtime, step = self.runtime, self.runtime.stats.current
@@ -219,9 +220,8 @@ class SparseLayer(WindowedLayer):
             self._look_ahead()  # after this layer's reads are queued: they go first
             rows = None
         else:
-            fetched = candidates.wait()
-            landed = time.perf_counter()
-            read_wait = landed - windowed
+            fetched = candidates.fetched
+            landed, read_wait = windowed, taken - settling  # the candidates were waited for when taken
             picks, rows, chosen_scores, cold_segment = self._pick_among(candidates.slots, fetched, grouped, hot_scores,
                                                                         cold_count)
             cold = fetched
@@ -240,9 +240,6 @@ class SparseLayer(WindowedLayer):
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         output = exact_attention([window, hot, cold_segment], query, scaling, attention_mask, kwargs.get("softcap"))
         attended = time.perf_counter()
-        if runtime.lookahead is not None:
-            runtime.lookahead.prefetch()  # the next layer's reads, if its scores are in: they overlap the model
-        prefetched = time.perf_counter()
         runtime.promotion_price.observe_fetch(read_wait + submitted - chosen + cold_fetched - segmented, picks.cold_count)
         if runtime.on_attend is not None:
             self._report_attended(positions)
@@ -251,10 +248,9 @@ class SparseLayer(WindowedLayer):
         self.retire()
         if step is not None:
             step.score_s += host_scored - started + chosen - landed
-            step.fetch_s += taken - settling + landed - windowed + submitted - chosen + cold_fetched - segmented \
-                + prefetched - attended
+            step.fetch_s += taken - settling + landed - windowed + submitted - chosen + cold_fetched - segmented
             step.attention_s += windowed - host_scored + segmented - planned + attended - cold_fetched
-            step.migrate_s += started - taken + planned - submitted + time.perf_counter() - prefetched
+            step.migrate_s += started - taken + planned - submitted + time.perf_counter() - attended
             step.host_time_s += host_scored - started
             step.storage_time_s += (cold_scored - started if cold_count else 0.0) + cold_fetched - segmented
             step.selected_hot += picks.hot_count

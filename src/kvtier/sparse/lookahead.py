@@ -2,14 +2,12 @@
 
 Consecutive layers' attention inputs are similar (InfiniGen's observation), so
 layer l+1's decode query is predicted from the hidden state entering layer l:
-q' = rope(Wq[l+1] norm[l+1](h_l)). As soon as layer l has its own cold scores
-(the scorer is free), the storage scorer scores layer l+1's cold pool with q';
-after layer l's attention, if its answer is in, the reads of the top
-candidates' full-precision K/V are queued, so they run during the rest of
-layer l. By the time layer l+1 attends, both are usually done: neither the
-scorer's answer nor the cold reads sit on its critical path. All of it runs
-on the decoding thread (a prefetch thread was measured slower on 2 cores:
-its Python work competes with the step's for the interpreter).
+q' = rope(Wq[l+1] norm[l+1](h_l)). As soon as layer l has its own cold
+candidates (the scorer is free), the storage scorer scores layer l+1's cold
+pool with q', then reads its top candidates' full-precision K/V and checks
+them (candidate_reads.py), all while layer l computes. By the time layer l+1
+attends they are usually waiting in shared memory: neither the scoring nor
+the cold reads sit on the host's critical path, nor on its core.
 
 The prediction only chooses *candidates*, per sequence `margin` x the cold
 tokens it chose in the layer last step (at least `MIN_CANDIDATES`): layer
@@ -28,7 +26,6 @@ the prediction and the choice among candidates cost more than they hide.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,11 +36,11 @@ MIN_CANDIDATES = 16
 
 @dataclass
 class Candidates:
-    """A layer's prefetched cold candidates: per sequence their slots (ascending) and the wait for their verified
-    K/V (keys, values [heads, m, head_dim], bytes read)."""
+    """A layer's cold candidates, read ahead: per sequence their slots (ascending) and their verified K/V (keys,
+    values [heads, m, head_dim], bytes read)."""
 
     slots: list[np.ndarray]
-    wait: Callable[[], list[tuple[torch.Tensor, torch.Tensor, int]]]
+    fetched: list[tuple[torch.Tensor, torch.Tensor, int]]
 
 
 class QueryForecast:
@@ -115,19 +112,17 @@ class QueryForecast:
 
 
 class Lookahead:
-    """At most one layer ahead at a time: its predicted query at the scorer, then its candidates' reads in flight."""
+    """At most one layer ahead at a time: its predicted query at the scorer, which scores it and reads candidates."""
 
     def __init__(self, forecast: QueryForecast, margin: float, skip: int, min_cold: int, scorer, cold) -> None:
         self.forecast = forecast
         self.margin, self.skip, self.min_cold = margin, skip, min_cold
         self.scorer, self.cold = scorer, cold
-        self._tier: int | None = None  # the layer ahead
-        self._counts = np.zeros(0, dtype=np.int64)  # candidates it asked for, per sequence
-        self._candidates: Candidates | None = None  # None while the scorer still works on it
+        self._tier: int | None = None  # the layer ahead, while the scorer works on it
 
     @property
     def in_flight(self) -> int | None:
-        """The tier whose scoring or reads are under way, if any."""
+        """The tier whose candidates are being scored or read, if any."""
         return self._tier
 
     def wants(self, next_tier: int, layer_idx: int, next_layer_idx: int) -> bool:
@@ -144,49 +139,40 @@ class Lookahead:
         return np.minimum(wanted, cold_tokens)
 
     def start(self, tier: int, predicted: np.ndarray, cold_tokens: int, counts: np.ndarray) -> None:
-        """Ask the scorer for tier `tier`'s cold scores under the predicted query; the scorer must be idle and the
-        layer's writes settled."""
-        self.scorer.request(tier, predicted, cold_tokens)
-        self._tier, self._counts, self._candidates = tier, counts, None
-
-    def prefetch(self, block: bool = False) -> None:
-        """Once the scores are in (or waiting for them with `block`), queue the reads of each sequence's best
-        candidates. Called after a layer's attention, so the reads overlap the rest of the model's layer."""
-        if self._tier is None or self._candidates is not None or not (block or self.scorer.answered()):
-            return
-        scores = self.scorer.scores()
-        slots = [np.sort(_best(row, count)) for row, count in zip(scores, self._counts.tolist())]
-        self._candidates = Candidates(slots, self.cold.submit_fetch(self._tier, slots))
+        """Ask the scorer for tier `tier`'s best `counts` candidates under the predicted query; the scorer must be idle
+        and the layer's writes settled."""
+        self.scorer.request(tier, predicted, cold_tokens, counts)
+        self._tier = tier
 
     def take(self, tier: int) -> Candidates | None:
-        """The candidates prefetched for `tier`, or None when none were started for it."""
+        """The candidates read ahead for `tier` (waiting for them if need be), or None when none were started for it."""
         if self._tier != tier:
             self.drain()
             return None
-        self.prefetch(block=True)
-        candidates = self._candidates
-        self._tier, self._candidates = None, None
-        return candidates
+        self._tier = None
+        found = self.scorer.candidates()
+        return Candidates([slots for slots, _, _ in found],
+                          [self.cold.tokens(slots, records, nbytes) for slots, records, nbytes in found])
 
     def drain(self) -> None:
-        """Finish what is in flight and drop it (a step that ended midway): the scorer and the disk are free."""
+        """Finish what is in flight and drop it (a step that ended midway): the scorer is free."""
         if self._tier is not None:
-            self.prefetch(block=True)
-            self._candidates.wait()
-            self._tier, self._candidates = None, None
+            self._tier = None
+            self.scorer.candidates()
 
     def close(self) -> None:
         try:
-            self.drain()  # nothing may still read into buffers or hold the engine's batch once the pool closes
+            self.drain()  # the scorer must not still read when the pool closes
         finally:
             self.forecast.close()
+
+
+def candidate_capacity(alpha: float, margin: float, max_tokens: int) -> int:
+    """The most candidates `Lookahead.candidate_counts` asks for per sequence in a pool of up to `max_tokens`
+    tokens: a layer picks at most ceil(alpha x pooled) cold tokens, and needs at most that many candidates."""
+    return min(max_tokens, max(MIN_CANDIDATES, math.ceil(margin * math.ceil(alpha * max_tokens))))
 
 
 def is_predicted(next_tier: int, layer_idx: int, next_layer_idx: int, skip: int) -> bool:
     """Whether tier `next_tier` (model layer `next_layer_idx`) is predicted from layer `layer_idx`'s input."""
     return next_layer_idx == layer_idx + 1 and next_tier >= skip
-
-
-def _best(scores: np.ndarray, count: int) -> np.ndarray:
-    """Indices of the `count` highest scores (any order)."""
-    return np.argpartition(-scores, count - 1)[:count] if count < len(scores) else np.arange(len(scores))

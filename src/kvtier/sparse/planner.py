@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from kvtier.paths import cache_dir
-from kvtier.sparse.cold_pool import ColdPool
+from kvtier.sparse.cold_pool import ColdPool, kv_record_bytes
 from kvtier.sparse.hot_pool import HotPool
 from kvtier.sparse.placement import split_hot_cold
 from kvtier.sparse.protocol import Channel, ChannelSpec
@@ -186,7 +186,7 @@ def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bit
     host_score = tokens / _median_time(lambda: hot.score(query, aggregation))
     host_fetch = len(picks) / _median_time(_gather_values(hot, picks))
     fmt = SketchFormat.for_keys(bits, heads, head_dim)
-    channel = Channel.create(ChannelSpec(1, 1, heads, 1, head_dim, tokens))
+    channel = Channel.create(ChannelSpec(1, 1, heads, 1, head_dim, tokens, kv_record_bytes(heads, head_dim, dtype)))
     with IOEngine(4) as io, tempfile.TemporaryDirectory(dir=directory) as scratch:
         cold = ColdPool(scratch, 1, 1, tokens, heads, head_dim, dtype, fmt, io, channel)
         scorer = None

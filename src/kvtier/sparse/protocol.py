@@ -10,15 +10,29 @@ and nothing is copied through a pipe, so a round trip costs two pipe wake-ups.
 The segment is an anonymous memfd: it has no name to leak or to be unlinked
 by another process's resource tracker, and a restarted scorer inherits it.
 
+A candidates request (the lookahead's, lookahead.py) asks for more: the
+scorer also takes each sequence's `counts[seq]` best-scored slots, reads their
+full-precision K|V records from the K|V file, checks every page read against
+the crcs the host keeps here (`kv_crcs`, written by the host as it writes the
+file), and puts them into one of two candidate areas (`control[AREA]`; two,
+because a layer still uses its candidates while the next layer's are read).
+
 Segment layout (all views are numpy arrays over one mmap):
-    control   int64 [8]                    request id, layer, cold tokens per sequence, scorer bytes read
-    progress  int64 [batch]                score blocks finished for the current request
-    versions  int64 [layers]               bumped by the host whenever it rewrites a layer's sketches
-    cold_used int64 [layers]               cold tokens per sequence of each layer (host-written, before the version)
-    query     float32 [batch, heads, q_per_head, head_dim]
-    positions int32 [layers, batch, slots] token position held by each cold slot (host-written)
-    overlay   uint8 [layers, batch, slots] 1: the slot was written by this run, 0: still a stored image's
-    results   (position int32, score float32) [batch, slots]
+    control    int64 [8]                    request id, layer, cold tokens per sequence, scorer bytes read, area,
+                                            candidate bytes read
+    progress   int64 [batch]                score blocks finished for the current request
+    versions   int64 [layers]               bumped by the host whenever it rewrites a layer's sketches
+    cold_used  int64 [layers]               cold tokens per sequence of each layer (host-written, before the version)
+    query      float32 [batch, heads, q_per_head, head_dim]
+    positions  int32 [layers, batch, slots] token position held by each cold slot (host-written)
+    overlay    uint8 [layers, batch, slots] 1: the slot was written by this run, 0: still a stored image's
+    results    (position int32, score float32) [batch, slots]
+    counts     int64 [batch]                candidates wanted per sequence (a candidates request)
+    kv_crcs    uint32 [kv_pages]            crc32c of each 512-byte unit of the K|V file (as many as its read
+    kv_written bool [kv_pages]              units need), and whether it was written
+    found_slots   int64 [2, batch, candidates]               the candidates' slots, ascending
+    found_records uint8 [2, batch, candidates, kv_record]    their verified K|V records
+    found_bytes   int64 [2, batch]                           bytes read for them
 """
 
 from __future__ import annotations
@@ -30,12 +44,18 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from kvtier.sparse.record_file import RecordLayout
+from kvtier.storage import SECTOR
+from kvtier.storage.checksum import PageChecksums
+
 REQUEST = struct.Struct("<qqq")  # request id, layer, op
 RESPONSE = struct.Struct("<qq")  # request id, status
-OP_SCORE, OP_STOP = 1, 2
+OP_SCORE, OP_STOP, OP_CANDIDATES = 1, 2, 3
 STATUS_OK, STATUS_FAILED = 0, 1
 CONTROL_REQUEST, CONTROL_LAYER, CONTROL_COLD_TOKENS = 0, 1, 2
 CONTROL_SCORER_READ_BYTES = 3  # cumulative sketch bytes the scorer (or the host fallback) read from disk
+CONTROL_AREA = 4  # the candidate area a candidates request fills (0 or 1)
+CONTROL_CANDIDATE_READ_BYTES = 5  # cumulative K|V bytes read for candidates
 RESULT_DTYPE = np.dtype([("position", "<i4"), ("score", "<f4")])
 
 
@@ -49,8 +69,16 @@ class ChannelSpec:
     q_per_head: int
     head_dim: int
     slots: int
+    kv_record_bytes: int = 0  # a K|V record's size; 0: no candidates requests
+    candidates: int = 0  # the most candidates a sequence may ask for
+
+    @property
+    def kv_pages(self) -> int:
+        """crc entries for the K|V file in its smallest read unit (a coarser unit uses a prefix of them)."""
+        return RecordLayout(self.kv_record_bytes, self.layers, self.batch, self.slots).file_bytes // SECTOR
 
     def shapes(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+        found = (2, self.batch, self.candidates)
         return [
             ("control", np.dtype(np.int64), (8,)),
             ("progress", np.dtype(np.int64), (self.batch,)),
@@ -60,6 +88,12 @@ class ChannelSpec:
             ("positions", np.dtype(np.int32), (self.layers, self.batch, self.slots)),
             ("overlay", np.dtype(np.uint8), (self.layers, self.batch, self.slots)),
             ("results", RESULT_DTYPE, (self.batch, self.slots)),
+            ("counts", np.dtype(np.int64), (self.batch,)),
+            ("kv_crcs", np.dtype(np.uint32), (self.kv_pages,)),
+            ("kv_written", np.dtype(np.bool_), (self.kv_pages,)),
+            ("found_slots", np.dtype(np.int64), found),
+            ("found_records", np.dtype(np.uint8), (*found, self.kv_record_bytes)),
+            ("found_bytes", np.dtype(np.int64), (2, self.batch)),
         ]
 
     @property
@@ -93,10 +127,21 @@ class Channel:
         os.ftruncate(fd, max(spec.nbytes, 1))
         return cls(spec, fd)
 
+    def kv_checksums(self, num_pages: int, page: int) -> PageChecksums:
+        """The K|V file's page crcs in this segment, for `num_pages` pages of `page` bytes: the host records them as
+        it writes, the scorer checks the candidates it reads against them."""
+        units = self.spec.kv_pages * SECTOR // page
+        if num_pages > units:
+            raise ValueError(f"the channel holds crcs for {units} pages of {page} bytes, not {num_pages}")
+        return PageChecksums.over(self.kv_crcs[:units], self.kv_written[:units], page)
+
     def close(self) -> None:
         for name, _, _ in self.spec.shapes():
             setattr(self, name, None)  # release the views before the map
-        self._map.close()
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a view lives on (candidates held by a failed step's traceback): unmapped when the last one goes
 
 
 def read_exact(fd: int, size: int) -> bytes:

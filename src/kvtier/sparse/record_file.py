@@ -17,8 +17,9 @@ sectors where O_DIRECT takes them (direct_file.direct_read_unit), else 4 KiB;
 short gaps bridged (storage/pages.py). Records of 1-1.5 KiB fill whole sectors,
 so a fetch reads what it asked for, not the 4 KiB around each record.
 
-With `page_checksums`, the file keeps in memory a crc32c of every page it
-wrote and checks every page it reads against it (fetches and the edge pages
+With `page_checksums`, the file keeps a crc32c of every page it wrote (in its
+own memory, or in shared memory where another process reads the file too) and
+checks every page it reads against it (fetches and the edge pages
 of a read-modify-write alike), all pages of a read in one compiled call
 (storage/crc32c_units.c), not one Python call per record or page. Both
 cold-pool files keep them; a stored image persists them (cold_image.py), so a
@@ -29,7 +30,7 @@ file opened read-only with `stored_pages` is checked by another process too
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,9 +75,12 @@ class RecordFile:
     """Read and write records of one RecordLayout through an IOEngine (O_DIRECT where the FS allows)."""
 
     def __init__(self, path: str, layout: RecordLayout, io: IOEngine, create: bool = True,
-                 page_checksums: bool = False, stored_pages: PageChecksums | None = None) -> None:
-        """`stored_pages`: open read-only a file another process wrote (a stored cold-pool image), every page read
-        checked against these crcs; it is never written through, so several processes may read it at once."""
+                 page_checksums: Callable[[int, int], PageChecksums] | None = None,
+                 stored_pages: PageChecksums | None = None) -> None:
+        """`page_checksums`: makes the table of its pages' crcs (given their count and size), e.g. `PageChecksums`.
+        `stored_pages`: open read-only a file another process wrote (a stored cold-pool image, or the run's own K|V
+        file in the scorer), every page read checked against these crcs; it is never written through, so several
+        processes may read it at once."""
         self.path = path
         self.layout = layout
         self.io = io
@@ -93,7 +97,7 @@ class RecordFile:
         # a stored file is read in the pages its crcs cover (ColdImage.open checks this filesystem takes them)
         self.page = stored_pages.page if stored_pages is not None else direct_read_unit(self._fd, self.direct)
         self.pages = stored_pages if stored_pages is not None else \
-            PageChecksums(layout.file_bytes // self.page, self.page) if page_checksums else None
+            page_checksums(layout.file_bytes // self.page, self.page) if page_checksums is not None else None
 
     def _reserve(self) -> None:
         """Reserve the whole file now, so a full disk fails at creation rather than mid-generation."""

@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from kvtier.sparse.cold_image import ColdImage, image_key
-from kvtier.sparse.cold_pool import ColdPool
-from kvtier.sparse.lookahead import Lookahead
+from kvtier.sparse.cold_pool import ColdPool, kv_record_bytes
+from kvtier.sparse.lookahead import Lookahead, candidate_capacity
 from kvtier.sparse.migration import make_policy
 from kvtier.sparse.planner import Plan, Throughputs, load_or_calibrate, plan_split, predicted_times
 from kvtier.sparse.promotion_price import PromotionPrice
-from kvtier.sparse.protocol import CONTROL_SCORER_READ_BYTES, Channel, ChannelSpec
+from kvtier.sparse.protocol import CONTROL_CANDIDATE_READ_BYTES, CONTROL_SCORER_READ_BYTES, Channel, ChannelSpec
 from kvtier.sparse.scorer_client import ScorerClient
 from kvtier.sparse.settings import SparseSettings
 from kvtier.sparse.sketch import SketchFormat
@@ -50,7 +50,10 @@ class SparseRuntime:
         self.on_attend: Callable[[int, np.ndarray], None] | None = None  # see SparseCache.watch_attended
         self.rates: Throughputs | None = None
         q_per_head = 1 if settings.aggregation == "sum" else self.group
-        self.channel = Channel.create(ChannelSpec(batch, tiered, heads, q_per_head, head_dim, max_tokens))
+        candidates = candidate_capacity(settings.alpha, settings.lookahead_margin, max_tokens) \
+            if settings.lookahead else 0
+        self.channel = Channel.create(ChannelSpec(batch, tiered, heads, q_per_head, head_dim, max_tokens,
+                                                  kv_record_bytes(heads, head_dim, dtype), candidates))
         self.io = IOEngine(io_threads)
         self.stored_io: IOEngine | None = None
         self.fmt = SketchFormat.for_keys(settings.score_bits, heads, head_dim)
@@ -69,7 +72,10 @@ class SparseRuntime:
                                        settings.aggregation, settings.score_block_tokens, settings.scorer_io_threads,
                                        settings.scorer_memory_budget,
                                        crash_after_blocks=settings.crash_scorer_after_blocks,
-                                       stored=self.image.scorer_config() if self.image is not None else None)
+                                       kv={"path": self.cold.kv.path, "layout": self.cold.kv.layout.to_dict(),
+                                           "page": self.cold.kv.page},
+                                       stored=self.image.scorer_config() if self.image is not None else None,
+                                       stored_kv=self.image.scorer_kv_config() if self.image is not None else None)
         except BaseException:
             self.close()
             raise
@@ -109,9 +115,10 @@ class SparseRuntime:
         return predicted_times(self.rates, hot, cold, self.plan.alpha_host, self.plan.alpha_storage, batch)
 
     def io_stats(self) -> IOStats:
-        """Disk bytes moved by the host (writes, K/V fetches) and by the scorer (sketch reads)."""
+        """Disk bytes moved by the host (writes, K/V fetches) and by the scorer (sketch and candidate reads)."""
         stats = self.io.stats.snapshot()
-        stats.bytes_read += int(self.channel.control[CONTROL_SCORER_READ_BYTES])
+        stats.bytes_read += int(self.channel.control[CONTROL_SCORER_READ_BYTES] +
+                                self.channel.control[CONTROL_CANDIDATE_READ_BYTES])
         if self.stored_io is not None:
             stats.bytes_read += self.stored_io.stats.snapshot().bytes_read
         return stats
@@ -120,7 +127,7 @@ class SparseRuntime:
         lookahead, self.lookahead = self.lookahead, None
         try:
             if lookahead is not None:
-                lookahead.close()  # waits for a prefetch in flight: it uses the scorer and the cold pool
+                lookahead.close()  # waits for candidates in flight: the scorer reads the cold pool's files
         finally:
             self._close_tiers()
 

@@ -4,6 +4,9 @@ The client is the host's one seam to the cold tier's scorer: it owns every
 read and write of the shared channel. `request(layer, query, cold_tokens)`
 returns at once so the host scores its hot pool while the scorer works;
 `scores()` blocks until the layer's cold scores are in and returns them.
+With `counts` the request is a candidates request (the lookahead's):
+`candidates()` then returns each sequence's best-scored slots and their
+verified K/V records, read by the scorer (candidate_reads.py).
 Fault handling:
 
 - The scorer dies: its end of the response pipe closes, so `wait()` sees end
@@ -13,10 +16,11 @@ Fault handling:
   and treats it as dead.
 - The scorer reports a failure (an exception it printed to stderr).
 
-In each case the host scores the rest of the layer itself with the very same
-SketchScorer code, resuming after the last score block the scorer finished,
-so the scores (and the generated text) are identical to a run without the
-fault. Then it starts a fresh scorer for the next request, at most
+In each case the host does the rest of the request itself with the very same
+code (scorer_process.StorageScorer), resuming after the last score block the
+scorer finished, so the scores, the candidates (and the generated text) are
+identical to a run without the fault; a candidates page that fails its check
+fails there too, with the error. Then it starts a fresh scorer for the next request, at most
 `max_restarts` times; after that it keeps scoring on the host.
 """
 
@@ -35,14 +39,12 @@ import numpy as np
 
 from kvtier.errors import StorageError
 from kvtier.sparse.protocol import (
-    CONTROL_COLD_TOKENS, CONTROL_LAYER, CONTROL_REQUEST, OP_SCORE, OP_STOP, REQUEST, RESPONSE, STATUS_OK, Channel,
-    read_exact,
+    CONTROL_AREA, CONTROL_COLD_TOKENS, CONTROL_LAYER, CONTROL_REQUEST, OP_CANDIDATES, OP_SCORE, OP_STOP, REQUEST,
+    RESPONSE, STATUS_OK, Channel, read_exact,
 )
-from kvtier.sparse.record_file import RecordLayout, open_for_reading
-from kvtier.sparse.scorer_process import build_scorer
+from kvtier.sparse.record_file import RecordLayout
+from kvtier.sparse.scorer_process import StorageScorer
 from kvtier.sparse.sketch import SketchFormat
-from kvtier.sparse.sketch_scorer import SketchScorer
-from kvtier.storage import IOEngine
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
@@ -53,15 +55,19 @@ class ScorerClient:
 
     def __init__(self, channel: Channel, sketch_path: str, layout: RecordLayout, fmt: SketchFormat, aggregation: str,
                  block_tokens: int, io_threads: int = 2, memory_budget: int = 0, max_restarts: int = 3,
-                 response_timeout_s: float = 60.0, crash_after_blocks: int = -1, stored: dict | None = None) -> None:
-        """`stored`: a stored image's sketches (ColdImage.scorer_config), scored in place where not rewritten."""
+                 response_timeout_s: float = 60.0, crash_after_blocks: int = -1, kv: dict | None = None,
+                 stored: dict | None = None, stored_kv: dict | None = None) -> None:
+        """`kv`: the run's K|V file (path, layout, page), which candidates requests read (the channel must have room
+        for candidates). `stored`, `stored_kv`: a stored image's sketches and K|V records (ColdImage.scorer_config),
+        read in place where not rewritten."""
         self.channel = channel
         self.config = {
             "channel": channel.spec.to_dict(), "channel_fd": channel.fd, "sketch_path": sketch_path,
             "layout": layout.to_dict(), "format": {"bits": fmt.bits, "heads": fmt.heads, "head_dim": fmt.head_dim,
                                                    "group": fmt.group},
             "aggregation": aggregation, "block_tokens": block_tokens, "io_threads": io_threads,
-            "memory_budget": memory_budget, "crash_after_blocks": crash_after_blocks, "stored": stored,
+            "memory_budget": memory_budget, "crash_after_blocks": crash_after_blocks, "kv": kv, "stored": stored,
+            "stored_kv": stored_kv,
         }
         self.max_restarts = max_restarts
         self.response_timeout_s = response_timeout_s
@@ -72,43 +78,61 @@ class ScorerClient:
         self._request_id = 0
         self._pending_layer: int | None = None
         self._pending_tokens = 0
+        self._pending_op = OP_SCORE
+        self._area = 0  # the candidate area of the last candidates request
         self._sent = False
-        self._fallback: tuple[SketchScorer, IOEngine, int] | None = None
+        self._fallback: StorageScorer | None = None
         self._start()
 
     # ----- per-layer requests -----
 
-    def request(self, layer: int, query: np.ndarray, cold_tokens: int) -> None:
-        """Ask for `layer`'s cold scores (`cold_tokens` per sequence) for `query` [batch, heads, q_per_head, head_dim]."""
+    def request(self, layer: int, query: np.ndarray, cold_tokens: int, counts: np.ndarray | None = None) -> None:
+        """Ask for `layer`'s cold scores (`cold_tokens` per sequence) for `query` [batch, heads, q_per_head, head_dim];
+        with `counts` (per sequence, at most the channel's `candidates`), for its best candidates' K/V too."""
+        if counts is not None and int(counts.max(initial=0)) > self.channel.spec.candidates:
+            raise ValueError(f"{int(counts.max())} candidates asked, the channel has room for "
+                             f"{self.channel.spec.candidates}")
         self.channel.query[:] = query
         self._request_id += 1
         control = self.channel.control
         control[CONTROL_REQUEST], control[CONTROL_LAYER], control[CONTROL_COLD_TOKENS] = self._request_id, layer, cold_tokens
         self.channel.progress[:] = 0
+        self._pending_op = OP_SCORE
+        if counts is not None:
+            self.channel.counts[:] = counts
+            self._area = control[CONTROL_AREA] = 1 - self._area  # the other area: the last one may still be in use
+            self._pending_op = OP_CANDIDATES
         self._pending_layer, self._pending_tokens, self._sent = layer, cold_tokens, False
         if self.process is None:
             return
         try:
-            os.write(self._request_fd, REQUEST.pack(self._request_id, layer, OP_SCORE))
+            os.write(self._request_fd, REQUEST.pack(self._request_id, layer, self._pending_op))
             self._sent = True
         except BrokenPipeError:
             pass  # died since the last request: wait() recovers
 
     def scores(self) -> np.ndarray:
         """The requested layer's cold scores, float32 [batch, cold_tokens] (a copy); blocks until all are in."""
-        layer, self._pending_layer = self._pending_layer, None
-        if layer is None:
-            raise RuntimeError("scores() without a request")
-        if not (self._sent and self._response() == STATUS_OK):
-            self._recover(layer)
+        self._answer()
         return self.channel.results["score"][:, : self._pending_tokens].copy()
 
-    def answered(self) -> bool:
-        """Whether `scores()` would return without waiting for the scorer (its answer, or its death, is in)."""
-        if not self._sent:
-            return True  # nothing to wait for: scores() scores on the host
-        ready, _, _ = select.select([self._response_fd], [], [], 0)
-        return bool(ready)
+    def candidates(self) -> list[tuple[np.ndarray, np.ndarray, int]]:
+        """A candidates request's answer, per sequence: its candidates' slots (ascending), their verified K|V records
+        (uint8 [n, record_bytes]) and the bytes read for them; blocks until they are in. Views of the shared
+        segment, valid until the request after the next candidates request."""
+        counts = self.channel.counts.tolist()
+        self._answer()
+        area = self._area
+        return [(self.channel.found_slots[area, seq, :count], self.channel.found_records[area, seq, :count],
+                 int(self.channel.found_bytes[area, seq])) for seq, count in enumerate(counts)]
+
+    def _answer(self) -> None:
+        """Wait for the pending request's answer; do what the scorer did not, on the host."""
+        layer, self._pending_layer = self._pending_layer, None
+        if layer is None:
+            raise RuntimeError("no request to wait for")
+        if not (self._sent and self._response() == STATUS_OK):
+            self._recover(layer)
 
     def round_trip_s(self, repeats: int = 200, pause_s: float = 0.005) -> float:
         """Median seconds of an empty request (no cold tokens): the protocol's fixed cost per layer.
@@ -145,22 +169,16 @@ class ScorerClient:
     # ----- faults -----
 
     def _recover(self, layer: int) -> None:
-        """Score what the scorer did not, on the host, then replace the scorer."""
+        """Do what the scorer did not, on the host, then replace the scorer."""
         self.host_scored_requests += 1
         if self.process is not None:
             code = self.process.poll()
             log.warning("storage scorer (pid %d) failed%s; scoring layer %d on the host",
                         self.process.pid, "" if code is None else f" (exit code {code})", layer)
-        self._fallback_scorer().score_layer(layer, resume=True)
-        self._replace()
-
-    def _fallback_scorer(self) -> SketchScorer:
         if self._fallback is None:
-            io = IOEngine(self.config["io_threads"])
-            fd, _ = open_for_reading(self.config["sketch_path"])
-            config = dict(self.config, crash_after_blocks=-1, memory_budget=0)
-            self._fallback = (build_scorer(config, self.channel, fd, io), io, fd)
-        return self._fallback[0]
+            self._fallback = StorageScorer(self.config, self.channel, memory_budget=0, crash_after_blocks=-1)
+        self._fallback.answer(layer, self._pending_op, resume=True)
+        self._replace()
 
     def _replace(self) -> None:
         self._stop_process()
@@ -224,9 +242,5 @@ class ScorerClient:
         self._stop_process()
         self.process = None
         if self._fallback is not None:
-            scorer, io, fd = self._fallback
-            if scorer.stored is not None:
-                scorer.stored.close()
-            io.close()
-            os.close(fd)
+            self._fallback.close()
             self._fallback = None

@@ -1,9 +1,11 @@
-"""The storage-side scorer: a separate OS process that owns reading the cold pool's sketches.
+"""The storage-side scorer: a separate OS process that owns the cold pool's reads beside the data.
 
 It plays the SmartSSD's FPGA (the HillInfer paper's HIE + CEC): per request it reads
 one layer's key sketches next to the data, computes raw inner products with
 the query found in shared memory, and streams `<position, score>` blocks back.
-It never sends keys to the host.
+It never sends keys to the host. For the lookahead's candidates requests it
+also reads the best-scored tokens' full-precision K/V and checks them
+(candidate_reads.py), so those reads leave the host's critical path too.
 
 Started by `ScorerClient` as `python -m kvtier.sparse.scorer_process CONFIG`,
 with the shared segment and both pipes inherited as file descriptors. It
@@ -24,36 +26,81 @@ import os
 import sys
 import traceback
 
-from kvtier.sparse.protocol import OP_STOP, REQUEST, RESPONSE, STATUS_FAILED, STATUS_OK, Channel, ChannelSpec, read_exact
-from kvtier.sparse.record_file import RecordLayout, open_for_reading
+from kvtier.sparse.candidate_reads import CandidateReader
+from kvtier.sparse.protocol import (
+    OP_CANDIDATES, OP_STOP, REQUEST, RESPONSE, STATUS_FAILED, STATUS_OK, Channel, ChannelSpec, read_exact,
+)
+from kvtier.sparse.record_file import RecordFile, RecordLayout, open_for_reading
 from kvtier.sparse.sketch import SketchFormat
 from kvtier.sparse.sketch_scorer import SketchScorer
 from kvtier.sparse.stored_sketches import StoredSketches
 from kvtier.storage import IOEngine
+from kvtier.storage.checksum import PageChecksums
 
 
-def build_scorer(config: dict, channel: Channel, fd: int, io: IOEngine) -> SketchScorer:
-    """The SketchScorer described by a ScorerClient config (also used for the host fallback)."""
-    return SketchScorer(
-        fd,
-        RecordLayout(**config["layout"]),
-        SketchFormat(**config["format"]),
-        channel,
-        config["aggregation"],
-        config["block_tokens"],
-        io,
-        memory_budget=config["memory_budget"],
-        crash_after_blocks=config.get("crash_after_blocks", -1),
-        stored=StoredSketches(config["stored"]) if config.get("stored") else None,
-    )
+class StorageScorer:
+    """What the scorer does for a request: score the layer's sketches and, for a candidates request, read the best
+    candidates' K/V (candidate_reads.py). The host's fallback builds the same from the same config."""
+
+    def __init__(self, config: dict, channel: Channel, memory_budget: int, crash_after_blocks: int) -> None:
+        self.io = IOEngine(config["io_threads"])
+        self._engines, self._files = [self.io], []
+        self.fd, self.sketches, self.candidates = -1, None, None
+        try:
+            self.fd, _ = open_for_reading(config["sketch_path"])
+            self.sketches = SketchScorer(
+                self.fd, RecordLayout(**config["layout"]), SketchFormat(**config["format"]), channel,
+                config["aggregation"], config["block_tokens"], self.io, memory_budget=memory_budget,
+                crash_after_blocks=crash_after_blocks,
+                stored=StoredSketches(config["stored"]) if config.get("stored") else None)
+            self.candidates = self._candidate_reader(config, channel) if channel.spec.candidates else None
+        except BaseException:
+            self.close()
+            raise
+
+    def _candidate_reader(self, config: dict, channel: Channel) -> CandidateReader:
+        kv, stored = config["kv"], config.get("stored_kv")
+        layout = RecordLayout(**kv["layout"])
+        own = self._file(kv["path"], layout, channel.kv_checksums(layout.file_bytes // kv["page"], kv["page"]), self.io)
+        base = None
+        if stored:  # a stored image's reads get an engine of their own: one batch in flight per file at a time
+            self._engines.append(IOEngine(config["io_threads"]))
+            base_layout = RecordLayout(**stored["layout"])
+            with open(stored["pages_path"], "rb") as file:
+                pages = PageChecksums.from_bytes(file.read(), base_layout.file_bytes, stored["page"])
+            base = self._file(stored["path"], base_layout, pages, self._engines[-1])
+        return CandidateReader(channel, own, base)
+
+    def _file(self, path: str, layout: RecordLayout, pages: PageChecksums, io: IOEngine) -> RecordFile:
+        self._files.append(RecordFile(path, layout, io, stored_pages=pages))
+        return self._files[-1]
+
+    def answer(self, layer: int, op: int, resume: bool = False) -> None:
+        """Do request `op` for `layer`; with `resume`, skip the score blocks already reported."""
+        self.sketches.score_layer(layer, resume=resume)
+        if op == OP_CANDIDATES:
+            self.candidates.read(layer)
+
+    def prepare(self, layer: int) -> None:
+        self.sketches.prepare(layer)
+
+    def close(self) -> None:
+        for file in self._files:
+            file.close()
+        if self.sketches is not None and self.sketches.stored is not None:
+            self.sketches.stored.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        for engine in self._engines:
+            engine.close()
 
 
 def serve(config: dict) -> None:
     channel = Channel(ChannelSpec(**config["channel"]), config["channel_fd"])
     requests, responses = config["request_fd"], config["response_fd"]
-    fd, _ = open_for_reading(config["sketch_path"])
-    with IOEngine(config["io_threads"]) as io:
-        scorer = build_scorer(config, channel, fd, io)
+    scorer = StorageScorer(config, channel, config["memory_budget"], config.get("crash_after_blocks", -1))
+    try:
         os.write(responses, RESPONSE.pack(0, STATUS_OK))
         while True:
             message = read_exact(requests, REQUEST.size)
@@ -63,16 +110,18 @@ def serve(config: dict) -> None:
             if op == OP_STOP:
                 return
             try:
-                scorer.score_layer(layer)
+                scorer.answer(layer, op)
                 status = STATUS_OK
-            except Exception:  # reported to the host, which scores this layer itself
+            except Exception:  # reported to the host, which does this request itself
                 traceback.print_exc(file=sys.stderr)
                 status = STATUS_FAILED
             os.write(responses, RESPONSE.pack(request_id, status))
             _prepare_next(scorer, (layer + 1) % channel.spec.layers)
+    finally:
+        scorer.close()
 
 
-def _prepare_next(scorer: SketchScorer, layer: int) -> None:
+def _prepare_next(scorer: StorageScorer, layer: int) -> None:
     """Read the next layer's sketches while the host computes up to its attention."""
     try:
         scorer.prepare(layer)

@@ -74,6 +74,14 @@ class PageChecksums:
         self._crcs = np.zeros(num_pages, dtype=np.uint32)
         self._written = np.zeros(num_pages, dtype=bool)
 
+    @classmethod
+    def over(cls, crcs: np.ndarray, written: np.ndarray, page: int) -> PageChecksums:
+        """A table kept in arrays someone else owns (uint32 crcs, bool written; shared memory, so that another
+        process checks what this one writes). They must start zeroed."""
+        table = cls(0, page)
+        table._crcs, table._written = crcs, written
+        return table
+
     def of(self, data: np.ndarray) -> np.ndarray:
         """The crc of each page of `data` (flat bytes, a whole number of pages), uint32, in one call."""
         return unit_checksums(data, self.page)
