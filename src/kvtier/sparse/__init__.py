@@ -88,6 +88,9 @@ Decisions and why:
 - Cold reads go to the disk as one kernel AIO batch per layer (all sequences), checked with a
   crc32c per 4 KiB page (all pages of a batch in one compiled call); tokens leave the recent
   window `retire_batch` at a time.
+- The lookahead's candidates are read and checked by the scorer, not the host: the host's page
+  plans, submissions, checks and record cutting were fixed per-layer work on the decoding core
+  (docs/decisions.md); the K|V pages' crcs live in the shared segment for it.
 - The hit policy promotes a cold token only when its hits pay for the swap's writes at the
   measured costs (promotion_price.py): on the development VM's disk they almost never do.
 The measurements behind these choices, with their commands and dates: docs/decisions.md.
