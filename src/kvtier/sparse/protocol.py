@@ -142,6 +142,9 @@ class Channel:
             self._map.close()
         except BufferError:
             pass  # a view lives on (candidates held by a failed step's traceback): unmapped when the last one goes
+        if self.fd >= 0:
+            os.close(self.fd)  # the segment's memory is freed once no descriptor or mapping holds it
+            self.fd = -1
 
 
 def read_exact(fd: int, size: int) -> bytes:
