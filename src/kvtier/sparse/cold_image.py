@@ -238,7 +238,6 @@ class ColdImage:
         self.plan = meta["plan"]
         self.kv_layout = RecordLayout(**meta["kv_layout"])
         self.sketch_layout = RecordLayout(**meta["sketch_layout"])
-        self.sketch_page = meta["sketch_page"]
         self.layers = layers
         self.kv_pages = kv_pages
         self.sketch_pages = sketch_pages  # the scorer reads the sketches; a run storing an image copies them
@@ -286,15 +285,12 @@ class ColdImage:
         """Whether `error` is about one of this image's files (storage errors name their file first)."""
         return str(error).startswith(f"{self.directory}{os.sep}")
 
-    def scorer_config(self) -> dict:
-        """What the scorer needs to read the stored sketches (sketch_scorer.StoredSketches)."""
-        return {"path": str(self.directory / SKETCH), "layout": self.sketch_layout.to_dict(),
-                "pages_path": str(self.directory / (SKETCH + CRC)), "page": self.sketch_page}
-
-    def scorer_kv_config(self) -> dict:
-        """What the scorer needs to read the lookahead's candidates from the stored K|V records (scorer_process.py)."""
-        return {"path": str(self.directory / KV), "layout": self.kv_layout.to_dict(),
-                "pages_path": str(self.directory / (KV + CRC)), "page": self.kv_pages.page}
+    def scorer_config(self, name: str) -> dict:
+        """What the scorer needs to read the stored file `name` in place: SKETCH, the sketches it scores
+        (stored_sketches.py); KV, the lookahead's candidates (scorer_process.py). See record_file.stored_pages."""
+        records = self.records(name)
+        return {"path": records.path, "layout": records.layout.to_dict(),
+                "pages_path": str(self.directory / (name + CRC)), "page": records.pages.page}
 
 
 def _read(path: Path) -> bytes:

@@ -257,6 +257,13 @@ class PagePlan:
         return np.ndarray((buffer.nbytes - rec + 1, rec), np.uint8, buffer, 0, (1, 1))[starts]
 
 
+def stored_pages(config: dict) -> PageChecksums:
+    """The persisted page crcs of a stored file (ColdImage.scorer_config: its layout, crc file and page size), for
+    the scorer process, which checks that file's pages against them."""
+    with open(config["pages_path"], "rb") as file:
+        return PageChecksums.from_bytes(file.read(), RecordLayout(**config["layout"]).file_bytes, config["page"])
+
+
 def open_for_reading(path: str) -> tuple[int, bool]:
     """A read-only descriptor (O_DIRECT where possible) for a process that only scores the file."""
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvtier.sparse.cold_image import ColdImage, image_key
+from kvtier.sparse.cold_image import KV, SKETCH, ColdImage, image_key
 from kvtier.sparse.cold_pool import ColdPool, kv_record_bytes
 from kvtier.sparse.lookahead import Lookahead, candidate_capacity
 from kvtier.sparse.migration import make_policy
@@ -74,8 +74,8 @@ class SparseRuntime:
                                        crash_after_blocks=settings.crash_scorer_after_blocks,
                                        kv={"path": self.cold.kv.path, "layout": self.cold.kv.layout.to_dict(),
                                            "page": self.cold.kv.page},
-                                       stored=self.image.scorer_config() if self.image is not None else None,
-                                       stored_kv=self.image.scorer_kv_config() if self.image is not None else None)
+                                       stored=self.image.scorer_config(SKETCH) if self.image is not None else None,
+                                       stored_kv=self.image.scorer_config(KV) if self.image is not None else None)
         except BaseException:
             self.close()
             raise

@@ -30,7 +30,7 @@ from kvtier.sparse.candidate_reads import CandidateReader
 from kvtier.sparse.protocol import (
     OP_CANDIDATES, OP_STOP, REQUEST, RESPONSE, STATUS_FAILED, STATUS_OK, Channel, ChannelSpec, read_exact,
 )
-from kvtier.sparse.record_file import RecordFile, RecordLayout, open_for_reading
+from kvtier.sparse.record_file import RecordFile, RecordLayout, open_for_reading, stored_pages
 from kvtier.sparse.sketch import SketchFormat
 from kvtier.sparse.sketch_scorer import SketchScorer
 from kvtier.sparse.stored_sketches import StoredSketches
@@ -65,10 +65,7 @@ class StorageScorer:
         base = None
         if stored:  # a stored image's reads get an engine of their own: one batch in flight per file at a time
             self._engines.append(IOEngine(config["io_threads"]))
-            base_layout = RecordLayout(**stored["layout"])
-            with open(stored["pages_path"], "rb") as file:
-                pages = PageChecksums.from_bytes(file.read(), base_layout.file_bytes, stored["page"])
-            base = self._file(stored["path"], base_layout, pages, self._engines[-1])
+            base = self._file(stored["path"], RecordLayout(**stored["layout"]), stored_pages(stored), self._engines[-1])
         return CandidateReader(channel, own, base)
 
     def _file(self, path: str, layout: RecordLayout, pages: PageChecksums, io: IOEngine) -> RecordFile:

@@ -16,9 +16,8 @@ import os
 import numpy as np
 
 from kvtier.errors import ChecksumError
-from kvtier.sparse.record_file import PagePlan, RecordLayout, open_for_reading
+from kvtier.sparse.record_file import PagePlan, RecordLayout, open_for_reading, stored_pages
 from kvtier.storage import PAGE, IOEngine, aligned_buffer, round_up
-from kvtier.storage.checksum import PageChecksums
 
 
 class StoredSketches:
@@ -27,8 +26,7 @@ class StoredSketches:
     def __init__(self, config: dict) -> None:
         self.path = config["path"]
         self.layout = RecordLayout(**config["layout"])
-        with open(config["pages_path"], "rb") as file:
-            self.pages = PageChecksums.from_bytes(file.read(), self.layout.file_bytes, config["page"])
+        self.pages = stored_pages(config)
         self.fd, _ = open_for_reading(self.path)
 
     def read_layered(self, io: IOEngine, own_fd: int, own_layout: RecordLayout, layer: int, seq: int,
