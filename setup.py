@@ -7,4 +7,6 @@ setup(ext_modules=[
     Extension("kvtier.storage._crc32c_units", ["src/kvtier/storage/crc32c_units.c"]),
     # sketch scores straight from the codes: dequantizing first in numpy cost the scorer ~4x more (sparse/sketch.py)
     Extension("kvtier.sparse._sketch_scores", ["src/kvtier/sparse/sketch_scores.c"]),
+    # the hot pool's q.k from its bfloat16 keys in one pass: torch converted the whole pool first (sparse/hot_pool.py)
+    Extension("kvtier.sparse._hot_dots", ["src/kvtier/sparse/hot_dots.c"]),
 ])

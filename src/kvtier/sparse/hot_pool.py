@@ -9,13 +9,17 @@ q.k it computes per query head are also the chosen hot tokens' attention
 logits (selection.py), so the keys are read once per step. Keys are stored
 column-major ([batch, heads, head_dim, slots]): that product, the pool's
 per-layer hot spot, then reads them contiguously (about a third faster on
-the development VM than through a transposed view: docs/decisions.md).
+the development VM than through a transposed view: docs/decisions.md), and
+a bfloat16 pool is scored by a small compiled kernel (hot_dots.c) that
+widens each key in registers instead of converting the whole pool first.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from kvtier.sparse import _hot_dots
 
 
 class HotPool:
@@ -59,8 +63,17 @@ class HotPool:
 
     def dots(self, query: torch.Tensor) -> torch.Tensor:
         """Raw q.k [batch, heads, Q, used] (float32) for query [batch, heads, Q, head_dim] (float32)."""
+        if self.key_columns.dtype == torch.bfloat16 and _hot_dots.vectorized:
+            return self._compiled_dots(query)
         columns = self.key_columns[..., : self.used]
         return torch.matmul(query, columns if columns.dtype == torch.float32 else columns.float())
+
+    def _compiled_dots(self, query: torch.Tensor) -> torch.Tensor:
+        batch, heads, head_dim, capacity = self.key_columns.shape
+        dots = torch.empty(batch, heads, query.shape[2], self.used)
+        _hot_dots.dots(self.key_columns.view(torch.int16).numpy(), query.contiguous().numpy(), dots.numpy(),
+                       batch * heads, query.shape[2], head_dim, capacity, self.used)
+        return dots
 
     def _grown(self, tensor: torch.Tensor, slots: int, dim: int) -> torch.Tensor:
         shape = list(tensor.shape)

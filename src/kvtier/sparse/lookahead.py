@@ -52,7 +52,8 @@ class QueryForecast:
         self.kv_heads, self.summed = kv_heads, summed
         self.hidden: torch.Tensor | None = None
         self.rotary: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._summed_projections: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._folded_projections: dict[int, FoldedProjection | None] = {}
+        self._rotation_of: tuple[torch.Tensor, torch.Tensor] | None = None
         self._hooks = [decoder.register_forward_pre_hook(self._capture, with_kwargs=True) for decoder in self.decoders]
 
     def _capture(self, _module, args, kwargs) -> None:
@@ -62,14 +63,10 @@ class QueryForecast:
     def score_query(self, layer_idx: int) -> torch.Tensor:
         """What the scorer scores layer `layer_idx` with, float32 [B, Hkv, Q, D] (SparseRuntime.score_query's
         form), predicted from the last captured hidden state."""
-        attention = self.decoders[layer_idx].self_attn
         with torch.no_grad():
-            if self.summed and not hasattr(attention, "q_norm"):
-                # rotation is linear and the same for every head: summing the group's projection rows first
-                # gives the sum of the rotated queries at a G-th of the product's cost
-                weight, bias = self._summed_projection(layer_idx)
-                query = torch.nn.functional.linear(self._normed(layer_idx), weight, bias)
-                return self._rotated(query.view(len(query), self.kv_heads, 1, -1)).float()
+            folded = self._folded(layer_idx) if self.summed else None
+            if folded is not None:
+                return folded.summed_query(self.hidden[:, -1], self._float_rotation())
             query = self.predict(layer_idx).float()
             grouped = query.view(len(query), self.kv_heads, -1, query.shape[-1])
             return grouped.sum(dim=2, keepdim=True) if self.summed else grouped
@@ -90,25 +87,77 @@ class QueryForecast:
     def _rotated(self, query: torch.Tensor) -> torch.Tensor:
         """transformers' rotary embedding (apply_rotary_pos_emb) of a query [B, H, 1, D] at the current position."""
         cos, sin = (part[:, None, -1:] for part in self.rotary)
-        half = query.shape[-1] // 2
-        return query * cos + torch.cat([-query[..., half:], query[..., :half]], dim=-1) * sin
+        return query * cos + _rotated_half(query, dim=-1) * sin
 
-    def _summed_projection(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if layer_idx not in self._summed_projections:
-            projection = self.decoders[layer_idx].self_attn.q_proj
-            head_dim = self.decoders[layer_idx].self_attn.head_dim
-            weight = projection.weight.view(self.kv_heads, -1, head_dim, projection.in_features).sum(dim=1)
-            bias = projection.bias
-            self._summed_projections[layer_idx] = (
-                weight.reshape(-1, projection.in_features),
-                None if bias is None else bias.view(self.kv_heads, -1, head_dim).sum(dim=1).reshape(-1))
-        return self._summed_projections[layer_idx]
+    def _float_rotation(self) -> torch.Tensor:
+        """The step's rotary (cos, sin) at the current position as float32 [B, 2, 1, 1, D], made once per step."""
+        if self._rotation_of is not self.rotary:
+            cos, sin = (part[:, -1:].float() for part in self.rotary)
+            self._rotation = torch.stack([cos, sin], dim=1)[:, :, None]
+            self._rotation_of = self.rotary
+        return self._rotation
+
+    def _folded(self, layer_idx: int) -> FoldedProjection | None:
+        if layer_idx not in self._folded_projections:
+            decoder = self.decoders[layer_idx]
+            self._folded_projections[layer_idx] = FoldedProjection.of(decoder.input_layernorm, decoder.self_attn,
+                                                                       self.kv_heads)
+        return self._folded_projections[layer_idx]
 
     def close(self) -> None:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        self._summed_projections = {}
+        self._folded_projections = {}
+
+
+@dataclass
+class FoldedProjection:
+    """One layer's summed query, predicted in one product: the rows of each KV head's group of query projections
+    summed (rotation is linear and the same for every head, so this gives the sum of the rotated queries at a G-th of
+    the cost), the input norm's gain folded into them, and their rotate_half twins stacked below, all float32.
+    The model's own path is a dozen small bfloat16 ops per layer and step, where this is a handful in float32."""
+
+    weight: torch.Tensor  # [2 * Hkv * D, hidden]: the summed rows, then rotate_half of them
+    bias: torch.Tensor | None
+    epsilon: float
+    kv_heads: int
+
+    @classmethod
+    def of(cls, norm, attention, kv_heads: int) -> FoldedProjection | None:
+        """The folded form of `attention`'s query after `norm`, or None where it does not reproduce them: a
+        norm that is not weight x RMS-normalized input (Gemma's 1 + weight), or a query norm after the projection."""
+        epsilon = getattr(norm, "variance_epsilon", None)
+        if hasattr(attention, "q_norm") or epsilon is None or getattr(norm, "weight", None) is None:
+            return None
+        projection, head_dim = attention.q_proj, attention.head_dim
+        summed = projection.weight.float().view(kv_heads, -1, head_dim, projection.in_features).sum(dim=1)
+        gained = summed * norm.weight.float()
+        bias = None if projection.bias is None else projection.bias.float().view(kv_heads, -1, head_dim).sum(dim=1)
+        folded = cls(torch.stack([gained, _rotated_half(gained, dim=1)]).reshape(-1, projection.in_features),
+                     None if bias is None else torch.stack([bias, _rotated_half(bias, dim=1)]).reshape(-1),
+                     float(epsilon), kv_heads)
+        return folded if folded._matches(norm) else None
+
+    def summed_query(self, hidden: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, 1, D] float32 from the hidden state [B, hidden] and the step's rotary (cos, sin) as float32
+        [B, 2, 1, 1, D]: q x cos + rotate_half(q) x sin."""
+        normed = torch.nn.functional.rms_norm(hidden.float(), hidden.shape[-1:], eps=self.epsilon)
+        both = torch.nn.functional.linear(normed, self.weight, self.bias).view(len(hidden), 2, self.kv_heads, 1, -1)
+        return both.mul_(rotation).sum(dim=1)
+
+    def _matches(self, norm) -> bool:
+        """Whether `norm` is weight x the RMS-normalized input, what the fold assumes (checked on one probe)."""
+        probe = torch.randn(2, norm.weight.shape[0], generator=torch.Generator().manual_seed(0))
+        ours = norm.weight.float() * probe * torch.rsqrt(probe.pow(2).mean(-1, keepdim=True) + self.epsilon)
+        theirs = norm(probe.to(norm.weight.dtype)).float()
+        return torch.allclose(theirs, ours, rtol=2e-2, atol=1e-3)
+
+
+def _rotated_half(rows: torch.Tensor, dim: int) -> torch.Tensor:
+    """transformers' rotate_half applied along `dim` (the head dimension): [-second half, first half]."""
+    first, second = rows.chunk(2, dim=dim)
+    return torch.cat([-second, first], dim=dim)
 
 
 class Lookahead:
