@@ -9,9 +9,8 @@ q.k it computes per query head are also the chosen hot tokens' attention
 logits (selection.py), so the keys are read once per step. Keys are stored
 column-major ([batch, heads, head_dim, slots]): that product, the pool's
 per-layer hot spot, then reads them contiguously (about a third faster on
-the development VM than through a transposed view: docs/decisions.md), and
-a bfloat16 pool is scored by a small compiled kernel (hot_dots.c) that
-widens each key in registers instead of converting the whole pool first.
+the development VM than through a transposed view: docs/decisions.md); a
+small compiled kernel (hot_dots.c) takes it where torch's is slow.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ class HotPool:
 
     def dots(self, query: torch.Tensor) -> torch.Tensor:
         """Raw q.k [batch, heads, Q, used] (float32) for query [batch, heads, Q, head_dim] (float32)."""
-        if self.key_columns.dtype == torch.bfloat16 and _hot_dots.vectorized:
+        if compiled_dots(self.key_columns.dtype, query.shape[2]):
             return self._compiled_dots(query)
         columns = self.key_columns[..., : self.used]
         return torch.matmul(query, columns if columns.dtype == torch.float32 else columns.float())
@@ -71,8 +70,10 @@ class HotPool:
     def _compiled_dots(self, query: torch.Tensor) -> torch.Tensor:
         batch, heads, head_dim, capacity = self.key_columns.shape
         dots = torch.empty(batch, heads, query.shape[2], self.used)
-        _hot_dots.dots(self.key_columns.view(torch.int16).numpy(), query.contiguous().numpy(), dots.numpy(),
-                       batch * heads, query.shape[2], head_dim, capacity, self.used)
+        bf16 = self.key_columns.dtype == torch.bfloat16
+        keys = self.key_columns.view(torch.int16) if bf16 else self.key_columns
+        _hot_dots.dots(keys.numpy(), query.contiguous().numpy(), dots.numpy(), 2 if bf16 else 4, batch * heads,
+                       query.shape[2], head_dim, capacity, self.used)
         return dots
 
     def _grown(self, tensor: torch.Tensor, slots: int, dim: int) -> torch.Tensor:
@@ -114,6 +115,15 @@ class HotPool:
         self.positions[:, remaining : self.used] = -1
         self.used = remaining
         return keys, values, positions
+
+
+def compiled_dots(dtype: torch.dtype, group: int) -> bool:
+    """Whether the compiled kernel (hot_dots.c) takes a pool's q.k: always for bfloat16 keys, and for float32 keys from
+    four query heads per KV head, where it read the pool about twice as fast as torch's product; with fewer, torch's
+    ran at the memory's speed (docs/decisions.md)."""
+    if not _hot_dots.vectorized:
+        return False
+    return dtype == torch.bfloat16 or (dtype == torch.float32 and group >= 4)
 
 
 def importance(dots: torch.Tensor, aggregation: str) -> torch.Tensor:

@@ -87,13 +87,15 @@ class QueryForecast:
     def _rotated(self, query: torch.Tensor) -> torch.Tensor:
         """transformers' rotary embedding (apply_rotary_pos_emb) of a query [B, H, 1, D] at the current position."""
         cos, sin = (part[:, None, -1:] for part in self.rotary)
-        return query * cos + _rotated_half(query, dim=-1) * sin
+        return query * cos + _rotated_half(query) * sin
 
     def _float_rotation(self) -> torch.Tensor:
-        """The step's rotary (cos, sin) at the current position as float32 [B, 2, 1, 1, D], made once per step."""
+        """The step's rotary at the current position as FoldedProjection.summed_query takes it, made once per step."""
         if self._rotation_of is not self.rotary:
             cos, sin = (part[:, -1:].float() for part in self.rotary)
-            self._rotation = torch.stack([cos, sin], dim=1)[:, :, None]
+            half = sin.shape[-1] // 2
+            signed_sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+            self._rotation = torch.stack([cos, signed_sin], dim=1)[:, :, None]
             self._rotation_of = self.rotary
         return self._rotation
 
@@ -115,10 +117,10 @@ class QueryForecast:
 class FoldedProjection:
     """One layer's summed query, predicted in one product: the rows of each KV head's group of query projections
     summed (rotation is linear and the same for every head, so this gives the sum of the rotated queries at a G-th of
-    the cost), the input norm's gain folded into them, and their rotate_half twins stacked below, all float32.
-    The model's own path is a dozen small bfloat16 ops per layer and step, where this is a handful in float32."""
+    the cost) and the input norm's gain folded into them, float32. The model's own path is a dozen small ops per layer
+    and step, where this is a handful."""
 
-    weight: torch.Tensor  # [2 * Hkv * D, hidden]: the summed rows, then rotate_half of them
+    weight: torch.Tensor  # [Hkv * D, hidden]
     bias: torch.Tensor | None
     epsilon: float
     kv_heads: int
@@ -132,19 +134,18 @@ class FoldedProjection:
             return None
         projection, head_dim = attention.q_proj, attention.head_dim
         summed = projection.weight.float().view(kv_heads, -1, head_dim, projection.in_features).sum(dim=1)
-        gained = summed * norm.weight.float()
         bias = None if projection.bias is None else projection.bias.float().view(kv_heads, -1, head_dim).sum(dim=1)
-        folded = cls(torch.stack([gained, _rotated_half(gained, dim=1)]).reshape(-1, projection.in_features),
-                     None if bias is None else torch.stack([bias, _rotated_half(bias, dim=1)]).reshape(-1),
-                     float(epsilon), kv_heads)
+        folded = cls((summed * norm.weight.float()).reshape(-1, projection.in_features),
+                     None if bias is None else bias.reshape(-1), float(epsilon), kv_heads)
         return folded if folded._matches(norm) else None
 
     def summed_query(self, hidden: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-        """[B, Hkv, 1, D] float32 from the hidden state [B, hidden] and the step's rotary (cos, sin) as float32
-        [B, 2, 1, 1, D]: q x cos + rotate_half(q) x sin."""
+        """[B, Hkv, 1, D] float32 from the hidden state [B, hidden] and the step's rotary as float32 [B, 2, 1, 1, D]
+        (cos, and sin with its first half negated): q x cos + rotate_half(q) x sin, rotate_half(q) being q with its
+        halves swapped and the first negated."""
         normed = torch.nn.functional.rms_norm(hidden.float(), hidden.shape[-1:], eps=self.epsilon)
-        both = torch.nn.functional.linear(normed, self.weight, self.bias).view(len(hidden), 2, self.kv_heads, 1, -1)
-        return both.mul_(rotation).sum(dim=1)
+        query = torch.nn.functional.linear(normed, self.weight, self.bias).view(len(hidden), self.kv_heads, 1, -1)
+        return torch.addcmul(query * rotation[:, 0], query.roll(query.shape[-1] // 2, dims=-1), rotation[:, 1])
 
     def _matches(self, norm) -> bool:
         """Whether `norm` is weight x the RMS-normalized input, what the fold assumes (checked on one probe)."""
@@ -154,10 +155,10 @@ class FoldedProjection:
         return torch.allclose(theirs, ours, rtol=2e-2, atol=1e-3)
 
 
-def _rotated_half(rows: torch.Tensor, dim: int) -> torch.Tensor:
-    """transformers' rotate_half applied along `dim` (the head dimension): [-second half, first half]."""
-    first, second = rows.chunk(2, dim=dim)
-    return torch.cat([-second, first], dim=dim)
+def _rotated_half(query: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate_half: [-second half, first half] of the last dimension."""
+    first, second = query.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
 
 
 class Lookahead:
