@@ -40,7 +40,7 @@ class Picks:
     def top(cls, hot_scores: torch.Tensor, cold_scores: torch.Tensor, alpha: float, pooled: int | None = None) -> Picks:
         """The top-alpha share of the pooled tokens by score (hot [B, Nh], cold [B, Nc]); `pooled`: the pool's size
         when the cold scores cover only some of its cold tokens (the lookahead's candidates)."""
-        scores = torch.cat([hot_scores, cold_scores], dim=1).numpy()
+        scores = np.concatenate([hot_scores.numpy(), cold_scores.numpy()], axis=1)
         pooled = scores.shape[1] if pooled is None else pooled
         count = min(math.ceil(alpha * pooled), scores.shape[1])
         # numpy's partition, then a sort of the chosen: half the time of torch's topk and its copy out (the top
@@ -96,8 +96,11 @@ def cold_fetched(query: torch.Tensor, fetched: list[tuple[torch.Tensor, torch.Te
                  positions: list[np.ndarray]) -> Segment:
     """The fetched cold tokens, padded to the longest sequence's count, with logits from the query [B, Hkv, G, D]."""
     counts = [keys.shape[1] for keys, _ in fetched]
-    if len(set(counts)) == 1:  # nothing to pad (always so for one sequence)
-        keys, values = torch.stack([keys for keys, _ in fetched]), torch.stack([values for _, values in fetched])
+    if len(set(counts)) == 1:  # nothing to pad (always so for one sequence, whose K/V are viewed, not copied)
+        if len(fetched) == 1:
+            keys, values = fetched[0][0][None], fetched[0][1][None]
+        else:
+            keys, values = torch.stack([keys for keys, _ in fetched]), torch.stack([values for _, values in fetched])
         return Segment(torch.matmul(query, keys.float().transpose(2, 3)), values, np.stack(positions))
     batch, heads, group, head_dim = query.shape
     width = max(counts)
