@@ -53,7 +53,8 @@ class QueryForecast:
         self.hidden: torch.Tensor | None = None
         self.rotary: tuple[torch.Tensor, torch.Tensor] | None = None
         self._folded_projections: dict[int, FoldedProjection | None] = {}
-        self._rotation_of: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rotation: torch.Tensor | None = None  # the step's rotary as the folded query takes it
+        self._rotation_of: tuple[torch.Tensor, torch.Tensor] | None = None  # the rotary it was made from
         self._hooks = [decoder.register_forward_pre_hook(self._capture, with_kwargs=True) for decoder in self.decoders]
 
     def _capture(self, _module, args, kwargs) -> None:
@@ -149,7 +150,7 @@ class FoldedProjection:
 
     def _matches(self, norm) -> bool:
         """Whether `norm` is weight x the RMS-normalized input, what the fold assumes (checked on one probe)."""
-        probe = torch.randn(2, norm.weight.shape[0], generator=torch.Generator().manual_seed(0))
+        probe = torch.randn(2, norm.weight.shape[0], generator=torch.Generator().manual_seed(0)).to(norm.weight.device)
         ours = norm.weight.float() * probe * torch.rsqrt(probe.pow(2).mean(-1, keepdim=True) + self.epsilon)
         theirs = norm(probe.to(norm.weight.dtype)).float()
         return torch.allclose(theirs, ours, rtol=2e-2, atol=1e-3)
