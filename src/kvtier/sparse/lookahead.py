@@ -151,7 +151,7 @@ class FoldedProjection:
     def _matches(self, norm) -> bool:
         """Whether `norm` is weight x the RMS-normalized input, what the fold assumes (checked on one probe)."""
         probe = torch.randn(2, norm.weight.shape[0], generator=torch.Generator().manual_seed(0)).to(norm.weight.device)
-        ours = norm.weight.float() * probe * torch.rsqrt(probe.pow(2).mean(-1, keepdim=True) + self.epsilon)
+        ours = norm.weight.float() * torch.nn.functional.rms_norm(probe, probe.shape[-1:], eps=self.epsilon)
         theirs = norm(probe.to(norm.weight.dtype)).float()
         return torch.allclose(theirs, ours, rtol=2e-2, atol=1e-3)
 
