@@ -19,8 +19,8 @@ docs/decisions.md has the recall.
 Only layers that directly follow a tiered layer are predicted (Gemma 3's full
 layers are five sliding layers apart), not the first `skip` tiered layers,
 whose inputs change most from layer to layer, and not layers whose cold pool
-is under `min_cold` tokens per sequence: their exact-path reads are short, and
-the prediction and the choice among candidates cost more than they hide.
+is under `min_cold` tokens per sequence: there the prediction and the choice
+among candidates cost about what they hide.
 """
 
 from __future__ import annotations

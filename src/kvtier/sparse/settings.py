@@ -35,12 +35,12 @@ class SparseSettings:
     score_block_tokens: int = 1024
     # Lookahead (lookahead.py): score and read a layer's cold candidates with its query predicted from the
     # previous layer's input, margin x its last cold picks; the first `lookahead_skip` tiered layers are not
-    # predicted, nor layers with fewer than `lookahead_min_cold` cold tokens per sequence (their reads are short
-    # and the prediction costs more than it hides). Measured choices: docs/decisions.md.
+    # predicted, nor layers with fewer than `lookahead_min_cold` cold tokens per sequence (there the prediction
+    # costs about what it hides). Measured choices: docs/decisions.md.
     lookahead: bool = True
     lookahead_margin: float = 1.5
     lookahead_skip: int = 2
-    lookahead_min_cold: int = 4096
+    lookahead_min_cold: int = 256
     crash_scorer_after_blocks: int = -1  # fault injection for tests: the scorer kills itself after that many blocks
 
     def validated(self) -> SparseSettings:
