@@ -50,7 +50,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
     parser.add_argument("--versus", choices=(*KV_MODES, "none"), default="offload",
-                        help="answer again in this KV mode and compare speed and disk reads (default offload; none skips)")
+                        help="answer again in this KV mode and compare speed and disk reads "
+                             "(default offload; none, or the --kv mode itself, skips it)")
     # Budgets below the ~289 MiB of KV that 6.5K tokens of smollm2-135m take in float32: most of it goes to disk.
     add_kv_options(parser, default_kv="sparse")
     parser.set_defaults(run=run, device_kv_budget="16MiB", host_kv_budget="96MiB")
