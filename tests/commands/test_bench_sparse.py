@@ -60,8 +60,10 @@ def test_lookahead_both_runs_the_sparse_path_with_and_without_it(tiny_model_dir,
     # the tiny model's two layers are the two the lookahead skips: the rows count no predicted layer
     assert result["modes"]["sparse-hit"]["lookahead_layers_per_step"] == 0
     assert result["modes"]["sparse-hit-no-lookahead"]["lookahead_layers_per_step"] == 0
+    for row in (result["modes"]["sparse-hit"], result["modes"]["sparse-hit-no-lookahead"]):
+        assert row["unpredicted_fetch_ms"] == row["breakdown_ms"]["fetch"] > 0  # so all their fetch is unpredicted
     text = (tmp_path / "out" / f"sparse-{tiny_model_dir.name}-320-b2.md").read_text()
-    assert text.count("0.0 layers per step took prefetched candidates") == 2
+    assert text.count("0.0 layers per step took prefetched candidates, the others spent") == 2
 
 
 def test_unwritable_results_directory_is_a_one_line_error(tiny_model_dir, tmp_path, capsys):

@@ -259,6 +259,7 @@ def test_alpha_one_with_lookahead_equals_dense(tiny_llama, tmp_path):
         sparse = _run(tiny_llama, cache, ids, 6)
         summary = cache.stats.summary()
         assert summary["lookahead_layers"] > 0  # the second layer took prefetched candidates
+        assert 0 < summary["unpredicted_fetch_s"] < summary["fetch_s"]  # the first layer's fetch is its own part
         assert summary["selected_cold"] == summary["pooled_cold"] > 0  # at alpha 1 every cold token is a candidate
     finally:
         cache.close()
@@ -287,6 +288,7 @@ def test_layers_with_small_cold_pools_keep_the_exact_path(tiny_llama, tmp_path):
         summary = cache.stats.summary()
         assert summary["pooled_cold"] > 0 and summary["selected_cold"] > 0
         assert summary["lookahead_layers"] == 0 and cache.runtime.lookahead.in_flight is None
+        assert summary["unpredicted_fetch_s"] == summary["fetch_s"] > 0  # every layer read on the critical path
     finally:
         cache.close()
 

@@ -1,7 +1,7 @@
 import numpy as np
 
 from kvtier.sparse.hit_table import HitTable
-from kvtier.sparse.migration import HitPolicy, NaivePolicy, PingPongMeter, make_policy
+from kvtier.sparse.migration import HitPolicy, NaivePolicy, PingPongMeter, coldest, make_policy
 
 
 def _table(hits, idle):
@@ -54,6 +54,18 @@ def test_overflow_victims_are_the_coldest_per_sequence():
     _set_idle(table, [[0, 5, 0, 9], [1, 7, 3, 2]])
     victims = HitPolicy().overflow_victims(table, np.array([[0, 1, 2, 3], [0, 1, 2, 3]]), 2)
     assert victims.tolist() == [[1, 3], [1, 2]]
+
+
+def test_coldest_orders_as_a_stable_sort_by_hits_then_idle():
+    rng = np.random.default_rng(0)
+    for _ in range(300):  # few distinct values: many ties, broken by index as a stable sort breaks them
+        tokens = int(rng.integers(1, 40))
+        hits = rng.integers(0, 3, size=(2, tokens)).astype(np.uint8)
+        idle = rng.integers(0, 255, size=(2, tokens)).astype(np.uint8) // 64
+        count = int(rng.integers(0, tokens + 1))
+        expected = [np.lexsort((-idle[row].astype(np.int64), hits[row]))[:count] for row in range(2)]
+        assert coldest(hits, idle, count).tolist() == [order.tolist() for order in expected]
+        assert coldest(hits[0], idle[0], count).tolist() == expected[0].tolist()
 
 
 def test_ping_pong_meter_counts_reversals_within_the_window():

@@ -327,9 +327,13 @@ def markdown(result: dict) -> str:
 
 
 def _lookahead_text(row: dict) -> str:
-    """How many layers per step took candidates the lookahead prefetched (absent in results from before it)."""
-    layers = row.get("lookahead_layers_per_step")
-    return "" if layers is None else f"; {layers:.1f} layers per step took prefetched candidates"
+    """How many layers per step took candidates the lookahead prefetched, and how much of the fetch the others spent
+    (each absent in results from before it was recorded)."""
+    layers, unpredicted = row.get("lookahead_layers_per_step"), row.get("unpredicted_fetch_ms")
+    text = "" if layers is None else f"; {layers:.1f} layers per step took prefetched candidates"
+    if unpredicted is not None and layers is not None:
+        text += f", the others spent {unpredicted:.1f} of the {row['breakdown_ms']['fetch']:.1f} ms fetch"
+    return text
 
 
 def _size_or_dash(nbytes: float | None) -> str:

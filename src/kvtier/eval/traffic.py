@@ -93,6 +93,7 @@ def sparse_details(cache: SparseCache) -> dict:
         "hot_share": summary.get("pooled_hot", 0.0) / max(pooled, 1),
         "cold_bytes_fetched_per_step": summary.get("cold_bytes_fetched", 0.0),
         "lookahead_layers_per_step": summary.get("lookahead_layers", 0.0),  # layers that took prefetched candidates
+        "unpredicted_fetch_ms": summary.get("unpredicted_fetch_s", 0.0) * 1000,  # the fetch of the other layers
         "promotions_per_step": summary.get("promotions", 0.0),
         "demotions_per_step": summary.get("demotions", 0.0),
         "migrations": moves, "ping_pongs": ping_pongs, "ping_pong_rate": ping_pongs / moves if moves else 0.0,

@@ -248,7 +248,9 @@ class SparseLayer(WindowedLayer):
         self.retire()
         if step is not None:
             step.score_s += host_scored - started + chosen - landed
-            step.fetch_s += taken - settling + landed - windowed + submitted - chosen + cold_fetched - segmented
+            fetch = taken - settling + landed - windowed + submitted - chosen + cold_fetched - segmented
+            step.fetch_s += fetch
+            step.unpredicted_fetch_s += fetch if candidates is None else 0.0
             step.attention_s += windowed - host_scored + segmented - planned + attended - cold_fetched
             step.migrate_s += started - taken + planned - submitted + time.perf_counter() - attended
             step.host_time_s += host_scored - started

@@ -63,21 +63,31 @@ class HitPolicy:
         if not len(candidates) or not self.max_moves:  # most steps: skip ranking every hot token
             return NO_SWAPS
         candidates = candidates[np.argsort(-candidate_hits[candidates], kind="stable")]
-        victim_hits = hits[hot_positions].astype(np.int64)
-        idle = table.idle(seq, hot_positions).astype(np.int64)
+        victim_hits = hits[hot_positions]
+        idle = table.idle(seq, hot_positions)
         victims = np.flatnonzero(idle >= self.idle_steps)
-        victims = victims[np.lexsort((-idle[victims], victim_hits[victims]))]
         count = min(len(candidates), len(victims), self.max_moves)
-        candidates, victims = candidates[:count], victims[:count]
+        victims = victims[coldest(victim_hits[victims], idle[victims], count)]
+        candidates = candidates[:count]
         worthwhile = candidate_hits[candidates] > victim_hits[victims]
         return Swaps(candidates[worthwhile], victims[worthwhile])
 
     def overflow_victims(self, table: HitTable, hot_positions: np.ndarray, count: int) -> np.ndarray:
         """Hot slots [batch, count] to demote when the pool is over capacity: fewest hits, then longest idle."""
-        hits = np.take_along_axis(table.hits, hot_positions, axis=1).astype(np.int64)
-        idle = table.idle_rows(hot_positions).astype(np.int64)
-        order = np.lexsort((-idle, hits), axis=1)
-        return np.sort(order[:, :count], axis=1)
+        hits = np.take_along_axis(table.hits, hot_positions, axis=1)
+        return np.sort(coldest(hits, table.idle_rows(hot_positions), count), axis=1)
+
+
+def coldest(hits: np.ndarray, idle: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the `count` coldest tokens along the last axis, coldest first: fewest hits, then longest idle, then
+    lowest index (a stable sort's order). One partial sort of a combined key: a full sort of every hot token cost
+    more than the rest of the plan (several hundred microseconds per layer and step at 12K hot tokens)."""
+    tokens = hits.shape[-1]
+    key = (hits.astype(np.int64) * 256 + (255 - idle.astype(np.int64))) * tokens + np.arange(tokens)
+    if count < tokens:
+        key = np.take_along_axis(key, np.argpartition(key, count - 1, axis=-1)[..., :count], axis=-1) if count \
+            else key[..., :0]
+    return np.sort(key, axis=-1) % tokens
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class StepStats:
     promotions: int = 0
     demotions: int = 0
     lookahead_layers: int = 0  # layers whose cold candidates were prefetched with a predicted query
+    unpredicted_fetch_s: float = 0.0  # the part of fetch_s spent in the other layers (their reads on the critical path)
 
 
 @dataclass
