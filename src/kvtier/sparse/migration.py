@@ -83,11 +83,10 @@ def coldest(hits: np.ndarray, idle: np.ndarray, count: int) -> np.ndarray:
     lowest index (a stable sort's order). One partial sort of a combined key: a full sort of every hot token cost
     more than the rest of the plan (several hundred microseconds per layer and step at 12K hot tokens)."""
     tokens = hits.shape[-1]
-    key = (hits.astype(np.int64) * 256 + (255 - idle.astype(np.int64))) * tokens + np.arange(tokens)
-    if count < tokens:
-        key = np.take_along_axis(key, np.argpartition(key, count - 1, axis=-1)[..., :count], axis=-1) if count \
-            else key[..., :0]
-    return np.sort(key, axis=-1) % tokens
+    key = (hits.astype(np.int64) * 256 + (255 - idle.astype(np.int64))) * tokens + np.arange(tokens)  # unique
+    if 0 < count < tokens:
+        key = np.take_along_axis(key, np.argpartition(key, count - 1, axis=-1)[..., :count], axis=-1)
+    return np.sort(key, axis=-1)[..., :count] % tokens
 
 
 @dataclass(frozen=True)
