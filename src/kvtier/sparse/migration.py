@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtier.sparse.hit_table import HitTable
+from kvtier.sparse.hit_table import SATURATED, HitTable
 from kvtier.sparse.promotion_price import PromotionPrice
 
 POLICIES = ("hit", "naive", "off")
@@ -80,10 +80,11 @@ class HitPolicy:
 
 def coldest(hits: np.ndarray, idle: np.ndarray, count: int) -> np.ndarray:
     """Indices of the `count` coldest tokens along the last axis, coldest first: fewest hits, then longest idle, then
-    lowest index (a stable sort's order). One partial sort of a combined key: a full sort of every hot token cost
-    more than the rest of the plan (several hundred microseconds per layer and step at 12K hot tokens)."""
+    lowest index (a stable sort's order). One partial sort of a combined key, unique per token: a full sort of every
+    hot token cost more than the rest of the plan (docs/decisions.md)."""
     tokens = hits.shape[-1]
-    key = (hits.astype(np.int64) * 256 + (255 - idle.astype(np.int64))) * tokens + np.arange(tokens)  # unique
+    levels = SATURATED + 1  # hits and idle counts are uint8 (hit_table.py)
+    key = (hits.astype(np.int64) * levels + (SATURATED - idle.astype(np.int64))) * tokens + np.arange(tokens)
     if 0 < count < tokens:
         key = np.take_along_axis(key, np.argpartition(key, count - 1, axis=-1)[..., :count], axis=-1)
     return np.sort(key, axis=-1)[..., :count] % tokens
