@@ -1,4 +1,7 @@
-"""The scorer prepares the next layer ahead of its query, and never scores a prepared layer the host rewrote."""
+"""The scorer prepares the next layer while it scores this one, and never scores a prepared layer the host
+rewrote."""
+
+import os
 
 import numpy as np
 import pytest
@@ -27,7 +30,9 @@ def scorer(tmp_path):
         channel.query[:] = rng.standard_normal(channel.query.shape)
         channel.control[CONTROL_COLD_TOKENS] = TOKENS
         fd, _ = open_for_reading(file.path)
-        yield SketchScorer(fd, layout, FMT, channel, "sum", 64, io), channel, file, keys
+        sketch_scorer = SketchScorer(fd, layout, FMT, channel, "sum", 64, io)
+        yield sketch_scorer, channel, file, keys
+        sketch_scorer.close()
         file.remove()
     channel.close()
 
@@ -36,9 +41,17 @@ def _read_bytes(channel):
     return int(channel.control[CONTROL_SCORER_READ_BYTES])
 
 
+def _scores(channel):
+    return channel.results[0, :TOKENS]["score"].copy()
+
+
+def _expected(keys, layer, channel):
+    return score(quantize(keys[layer], FMT), channel.query[0], FMT, "sum")
+
+
 def test_a_prepared_layer_is_scored_without_reading_again(scorer):
     sketch_scorer, channel, _, keys = scorer
-    sketch_scorer.prepare(1)
+    sketch_scorer.prepare(1).result()
     read = _read_bytes(channel)
     assert read > 0
     sketch_scorer.score_layer(1)
@@ -51,7 +64,7 @@ def test_a_prepared_layer_is_scored_without_reading_again(scorer):
 
 def test_a_layer_rewritten_after_preparing_is_read_again(scorer):
     sketch_scorer, channel, file, keys = scorer
-    sketch_scorer.prepare(0)
+    sketch_scorer.prepare(0).result()
     changed = keys[0].copy()
     changed[5] *= -3
     file.write_records(0, 0, [5], quantize(changed[5:6], FMT))
@@ -65,10 +78,42 @@ def test_a_layer_rewritten_after_preparing_is_read_again(scorer):
 
 def test_preparing_a_layer_that_is_still_prepared_reads_nothing(scorer):
     sketch_scorer, channel, _, _ = scorer
-    sketch_scorer.prepare(1)
+    sketch_scorer.prepare(1).result()
     read = _read_bytes(channel)
-    sketch_scorer.prepare(1)
+    sketch_scorer.prepare(1).result()
     assert _read_bytes(channel) == read
     channel.versions[1] += 1  # rewritten: prepared again
-    sketch_scorer.prepare(1)
+    sketch_scorer.prepare(1).result()
     assert _read_bytes(channel) > read
+
+
+def test_layers_prepared_while_others_are_scored_keep_their_own_buffers(scorer):
+    sketch_scorer, channel, _, keys = scorer
+    sketch_scorer.score_layer(0, then_prepare=1)  # layer 1 is read while layer 0 is scored
+    np.testing.assert_array_equal(_scores(channel), _expected(keys, 0, channel))
+    sketch_scorer.score_layer(1, then_prepare=0)
+    np.testing.assert_array_equal(_scores(channel), _expected(keys, 1, channel))
+    read = _read_bytes(channel)
+    sketch_scorer.score_layer(0)  # prepared while layer 1 was scored, into the other buffers
+    assert _read_bytes(channel) == read
+    np.testing.assert_array_equal(_scores(channel), _expected(keys, 0, channel))
+
+
+class _FailingReads(IOEngine):
+    def read_runs(self, fd, runs):
+        raise OSError(5, "injected read failure")
+
+
+def test_a_failed_prepare_is_read_again_by_the_request(scorer, capfd):
+    _, channel, file, keys = scorer
+    fd, _ = open_for_reading(file.path)
+    with IOEngine(1) as io, _FailingReads(1) as failing:
+        sketch_scorer = SketchScorer(fd, file.layout, FMT, channel, "sum", 64, io, prefetch_io=failing)
+        try:
+            assert isinstance(sketch_scorer.prepare(1).exception(), OSError)
+            sketch_scorer.score_layer(1)
+        finally:
+            sketch_scorer.close()
+            os.close(fd)
+    np.testing.assert_array_equal(_scores(channel), _expected(keys, 1, channel))
+    assert "injected read failure" in capfd.readouterr().err

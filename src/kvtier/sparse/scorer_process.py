@@ -13,10 +13,14 @@ imports numpy and kvtier's storage layer only (no torch), so it starts in a
 fraction of a second, and it runs numpy single-threaded: it stands for a small
 accelerator beside the disk, not for a second copy of the host's cores.
 
-It knows the layer order: once it has answered layer l it reads layer
-l + 1's sketches (sketch_scorer.py), so a query finds them ready. On start it
-answers request id 0 (ready). It exits when the request pipe closes (the host
-is gone) or on a stop request.
+It knows the layer order: it reads layer l + 1's sketches on a thread and an
+I/O engine of their own (sketch_scorer.py), so a query finds them ready. That
+read starts once layer l is answered, so the disk serves the request's
+candidate reads alone, unless the scorer falls behind the host (the read
+would not be done by the next request): then it starts as soon as layer l's
+sketches are in hand and overlaps its scoring and candidate reads
+(`PrepareTiming`). On start it answers request id 0 (ready). It exits when
+the request pipe closes (the host is gone) or on a stop request.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
+from collections.abc import Callable
 
 from kvtier.sparse.candidate_reads import CandidateReader
 from kvtier.sparse.protocol import (
@@ -44,7 +50,8 @@ class StorageScorer:
 
     def __init__(self, config: dict, channel: Channel, memory_budget: int, crash_after_blocks: int) -> None:
         self.io = IOEngine(config["io_threads"])
-        self._engines, self._files = [self.io], []
+        prefetch_io = IOEngine(config["io_threads"])
+        self._engines, self._files = [self.io, prefetch_io], []
         self.fd, self.sketches, self.candidates = -1, None, None
         try:
             self.fd, _ = open_for_reading(config["sketch_path"])
@@ -52,7 +59,7 @@ class StorageScorer:
                 self.fd, RecordLayout(**config["layout"]), SketchFormat(**config["format"]), channel,
                 config["aggregation"], config["block_tokens"], self.io, memory_budget=memory_budget,
                 crash_after_blocks=crash_after_blocks,
-                stored=StoredSketches(config["stored"]) if config.get("stored") else None)
+                stored=StoredSketches(config["stored"]) if config.get("stored") else None, prefetch_io=prefetch_io)
             self.candidates = self._candidate_reader(config, channel) if channel.spec.candidates else None
         except BaseException:
             self.close()
@@ -72,16 +79,16 @@ class StorageScorer:
         self._files.append(RecordFile(path, layout, io, stored_pages=pages))
         return self._files[-1]
 
-    def answer(self, layer: int, op: int, resume: bool = False) -> None:
-        """Do request `op` for `layer`; with `resume`, skip the score blocks already reported."""
-        self.sketches.score_layer(layer, resume=resume)
+    def answer(self, layer: int, op: int, resume: bool = False, then_prepare: int | None = None) -> None:
+        """Do request `op` for `layer`; with `resume`, skip the score blocks already reported; with `then_prepare`,
+        read that layer's sketches meanwhile."""
+        self.sketches.score_layer(layer, resume=resume, then_prepare=then_prepare)
         if op == OP_CANDIDATES:
             self.candidates.read(layer)
 
-    def prepare(self, layer: int) -> None:
-        self.sketches.prepare(layer)
-
     def close(self) -> None:
+        if self.sketches is not None:
+            self.sketches.close()
         for file in self._files:
             file.close()
         if self.sketches is not None and self.sketches.stored is not None:
@@ -93,10 +100,39 @@ class StorageScorer:
             engine.close()
 
 
+class PrepareTiming:
+    """When to start reading the next layer's sketches: after the answer, or overlapping it.
+
+    Overlapped, the read shares the disk with the request's candidate reads, which the host waits for, and
+    slows them; it pays only when the scorer is behind. The measure: how much sooner than the next request a
+    read started after the answer would have finished (its measured duration), averaged over requests.
+    """
+
+    WEIGHT = 0.2  # of the newest request in the average
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.slack_s = 0.0
+        self.clock = clock
+        self._answered: float | None = None
+
+    def overlap(self) -> bool:
+        return self.slack_s < 0
+
+    def answered(self) -> None:
+        self._answered = self.clock()
+
+    def arrived(self, read_s: float) -> None:
+        """A request came; `read_s`: how long the last sketch read took."""
+        if self._answered is not None:
+            slack = self.clock() - self._answered - read_s
+            self.slack_s += self.WEIGHT * (slack - self.slack_s)
+
+
 def serve(config: dict) -> None:
     channel = Channel(ChannelSpec(**config["channel"]), config["channel_fd"])
     requests, responses = config["request_fd"], config["response_fd"]
     scorer = StorageScorer(config, channel, config["memory_budget"], config.get("crash_after_blocks", -1))
+    timing = PrepareTiming()
     try:
         os.write(responses, RESPONSE.pack(0, STATUS_OK))
         while True:
@@ -106,24 +142,20 @@ def serve(config: dict) -> None:
             request_id, layer, op = REQUEST.unpack(message)
             if op == OP_STOP:
                 return
+            timing.arrived(scorer.sketches.last_read_s)
+            after, overlap = (layer + 1) % channel.spec.layers, timing.overlap()
             try:
-                scorer.answer(layer, op)
+                scorer.answer(layer, op, then_prepare=after if overlap else None)
                 status = STATUS_OK
             except Exception:  # reported to the host, which does this request itself
                 traceback.print_exc(file=sys.stderr)
                 status = STATUS_FAILED
             os.write(responses, RESPONSE.pack(request_id, status))
-            _prepare_next(scorer, (layer + 1) % channel.spec.layers)
+            timing.answered()
+            if not overlap:
+                scorer.sketches.prepare(after)
     finally:
         scorer.close()
-
-
-def _prepare_next(scorer: StorageScorer, layer: int) -> None:
-    """Read the next layer's sketches while the host computes up to its attention."""
-    try:
-        scorer.prepare(layer)
-    except Exception:  # the request for that layer reads again and reports its own failure
-        traceback.print_exc(file=sys.stderr)
 
 
 if __name__ == "__main__":
