@@ -45,8 +45,9 @@ def _scores(channel):
     return channel.results[0, :TOKENS]["score"].copy()
 
 
-def _expected(keys, layer, channel):
-    return score(quantize(keys[layer], FMT), channel.query[0], FMT, "sum")
+def _expected(layer_keys, channel):
+    """What sequence 0's scores must be for a layer holding `layer_keys`."""
+    return score(quantize(layer_keys, FMT), channel.query[0], FMT, "sum")
 
 
 def test_a_prepared_layer_is_scored_without_reading_again(scorer):
@@ -56,8 +57,7 @@ def test_a_prepared_layer_is_scored_without_reading_again(scorer):
     assert read > 0
     sketch_scorer.score_layer(1)
     assert _read_bytes(channel) == read
-    expected = score(quantize(keys[1], FMT), channel.query[0], FMT, "sum")
-    np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"], expected)
+    np.testing.assert_array_equal(_scores(channel), _expected(keys[1], channel))
     sketch_scorer.score_layer(0)  # not the prepared layer: read now
     assert _read_bytes(channel) > read
 
@@ -72,8 +72,7 @@ def test_a_layer_rewritten_after_preparing_is_read_again(scorer):
     read = _read_bytes(channel)
     sketch_scorer.score_layer(0)
     assert _read_bytes(channel) > read
-    np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"],
-                                  score(quantize(changed, FMT), channel.query[0], FMT, "sum"))
+    np.testing.assert_array_equal(_scores(channel), _expected(changed, channel))
 
 
 def test_preparing_a_layer_that_is_still_prepared_reads_nothing(scorer):
@@ -90,13 +89,13 @@ def test_preparing_a_layer_that_is_still_prepared_reads_nothing(scorer):
 def test_layers_prepared_while_others_are_scored_keep_their_own_buffers(scorer):
     sketch_scorer, channel, _, keys = scorer
     sketch_scorer.score_layer(0, then_prepare=1)  # layer 1 is read while layer 0 is scored
-    np.testing.assert_array_equal(_scores(channel), _expected(keys, 0, channel))
+    np.testing.assert_array_equal(_scores(channel), _expected(keys[0], channel))
     sketch_scorer.score_layer(1, then_prepare=0)
-    np.testing.assert_array_equal(_scores(channel), _expected(keys, 1, channel))
+    np.testing.assert_array_equal(_scores(channel), _expected(keys[1], channel))
     read = _read_bytes(channel)
     sketch_scorer.score_layer(0)  # prepared while layer 1 was scored, into the other buffers
     assert _read_bytes(channel) == read
-    np.testing.assert_array_equal(_scores(channel), _expected(keys, 0, channel))
+    np.testing.assert_array_equal(_scores(channel), _expected(keys[0], channel))
 
 
 class _FailingReads(IOEngine):
@@ -115,5 +114,5 @@ def test_a_failed_prepare_is_read_again_by_the_request(scorer, capfd):
         finally:
             sketch_scorer.close()
             os.close(fd)
-    np.testing.assert_array_equal(_scores(channel), _expected(keys, 1, channel))
+    np.testing.assert_array_equal(_scores(channel), _expected(keys[1], channel))
     assert "injected read failure" in capfd.readouterr().err
