@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvtier.sparse import _summed_query
+
 MIN_CANDIDATES = 16
 
 
@@ -64,10 +66,10 @@ class QueryForecast:
     def score_query(self, layer_idx: int) -> torch.Tensor:
         """What the scorer scores layer `layer_idx` with, float32 [B, Hkv, Q, D] (SparseRuntime.score_query's
         form), predicted from the last captured hidden state."""
+        folded = self._folded(layer_idx) if self.summed else None
+        if folded is not None:
+            return folded.summed_query(self.hidden.select(1, -1), self._float_rotation())
         with torch.no_grad():
-            folded = self._folded(layer_idx) if self.summed else None
-            if folded is not None:
-                return folded.summed_query(self.hidden[:, -1], self._float_rotation())
             query = self.predict(layer_idx).float()
             grouped = query.view(len(query), self.kv_heads, -1, query.shape[-1])
             return grouped.sum(dim=2, keepdim=True) if self.summed else grouped
@@ -103,8 +105,9 @@ class QueryForecast:
     def _folded(self, layer_idx: int) -> FoldedProjection | None:
         if layer_idx not in self._folded_projections:
             decoder = self.decoders[layer_idx]
-            self._folded_projections[layer_idx] = FoldedProjection.of(decoder.input_layernorm, decoder.self_attn,
-                                                                       self.kv_heads)
+            with torch.no_grad():
+                self._folded_projections[layer_idx] = FoldedProjection.of(decoder.input_layernorm, decoder.self_attn,
+                                                                           self.kv_heads)
         return self._folded_projections[layer_idx]
 
     def close(self) -> None:
@@ -141,12 +144,23 @@ class FoldedProjection:
         return folded if folded._matches(norm) else None
 
     def summed_query(self, hidden: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-        """[B, Hkv, 1, D] float32 from the hidden state [B, hidden] and the step's rotary as float32 [B, 2, 1, 1, D]
-        (cos, and sin with its first half negated): q x cos + rotate_half(q) x sin, rotate_half(q) being q with its
-        halves swapped and the first negated."""
+        """[B, Hkv, 1, D] float32 from the hidden state [B, hidden] and the step's rotary as float32 [B or 1, 2, 1, 1,
+        D] (cos, and sin with its first half negated): q x cos + rotate_half(q) x sin, rotate_half(q) being q with its
+        halves swapped and the first negated. On an x86-64 CPU one compiled call (summed_query.c), else torch's ops."""
+        if _summed_query.vectorized and self.weight.device.type == "cpu":
+            return self._compiled(hidden, rotation)
         normed = torch.nn.functional.rms_norm(hidden.float(), hidden.shape[-1:], eps=self.epsilon)
         query = torch.nn.functional.linear(normed, self.weight, self.bias).view(len(hidden), self.kv_heads, 1, -1)
         return torch.addcmul(query * rotation[:, 0], query.roll(query.shape[-1] // 2, dims=-1), rotation[:, 1])
+
+    def _compiled(self, hidden: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        batch, head_dim = len(hidden), rotation.shape[-1]
+        query = np.empty((batch, self.kv_heads, 1, head_dim), dtype=np.float32)
+        bias = b"" if self.bias is None else self.bias.numpy()
+        _summed_query.summed_query(hidden.float().contiguous().numpy(), self.weight.numpy(), bias,
+                                   rotation.contiguous().numpy(), query, batch, hidden.shape[-1], len(self.weight),
+                                   head_dim, self.epsilon)
+        return torch.from_numpy(query)
 
     def _matches(self, norm) -> bool:
         """Whether `norm` is weight x the RMS-normalized input, what the fold assumes (checked on one probe)."""
