@@ -2,13 +2,15 @@
 
 from setuptools import Extension, setup
 
+AVX2_MODULE = "src/kvtier/sparse/avx2_module.h"  # the module set-up the AVX2 + FMA kernels share
+
 setup(ext_modules=[
     # crc32c of every page of a read in one call: a Python call per page cost more than the crc (storage/checksum.py)
     Extension("kvtier.storage._crc32c_units", ["src/kvtier/storage/crc32c_units.c"]),
     # sketch scores straight from the codes: dequantizing first in numpy cost the scorer ~4x more (sparse/sketch.py)
     Extension("kvtier.sparse._sketch_scores", ["src/kvtier/sparse/sketch_scores.c"]),
     # the hot pool's q.k from its bfloat16 keys in one pass: torch converted the whole pool first (sparse/hot_pool.py)
-    Extension("kvtier.sparse._hot_dots", ["src/kvtier/sparse/hot_dots.c"]),
+    Extension("kvtier.sparse._hot_dots", ["src/kvtier/sparse/hot_dots.c"], depends=[AVX2_MODULE]),
     # the lookahead's predicted query in one call: five torch ops cost more than the product (sparse/lookahead.py)
-    Extension("kvtier.sparse._summed_query", ["src/kvtier/sparse/summed_query.c"]),
+    Extension("kvtier.sparse._summed_query", ["src/kvtier/sparse/summed_query.c"], depends=[AVX2_MODULE]),
 ])

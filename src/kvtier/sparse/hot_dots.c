@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "avx2_module.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -158,14 +160,5 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hot_dots", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__hot_dots(void) {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    vectorized = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
-    PyObject *created = PyModule_Create(&module);
-    if (created != NULL && PyModule_AddIntConstant(created, "vectorized", vectorized) < 0) {
-        Py_DECREF(created);
-        return NULL;
-    }
-    return created;
+    return create_avx2_module(&module, &vectorized);
 }

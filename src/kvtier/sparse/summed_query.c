@@ -15,6 +15,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "avx2_module.h"
+
 #define MAX_HEAD_DIM 1024 /* the rotation's scratch row lives on the stack */
 
 #if defined(__x86_64__)
@@ -121,14 +123,5 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_summed_query", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__summed_query(void) {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    vectorized = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
-    PyObject *created = PyModule_Create(&module);
-    if (created != NULL && PyModule_AddIntConstant(created, "vectorized", vectorized) < 0) {
-        Py_DECREF(created);
-        return NULL;
-    }
-    return created;
+    return create_avx2_module(&module, &vectorized);
 }
