@@ -12,7 +12,7 @@ from kvtier.threads import decode_threads
 def _bench(model_dir, tmp_path, *extra):
     return main(["bench", "sparse", "--model", str(model_dir), "--context", "320", "--batch", "2", "--new-tokens", "3",
                  "--corpus", "generated", "--prefill-chunk", "128", "--storage-dir", str(tmp_path / "kv"),
-                 "--out", str(tmp_path / "out"), *extra])
+                 "--out", str(tmp_path / "out"), "--kv-store", str(tmp_path / "store"), *extra])
 
 
 def test_sparse_and_offload_side_by_side(tiny_model_dir, tmp_path, capsys):
@@ -66,8 +66,28 @@ def test_lookahead_both_runs_the_sparse_path_with_and_without_it(tiny_model_dir,
     assert text.count("0.0 layers per step took prefetched candidates, the others spent") == 2
 
 
+def test_a_rerun_reads_the_recorded_prompt_back_from_the_document_store(tiny_model_dir, tmp_path):
+    options = ("--repeats", "1", "--policies", "hit", "--skip-dense", "--skip-offload")
+    stem = tmp_path / "out" / f"sparse-{tiny_model_dir.name}-320-b2"
+    assert _bench(tiny_model_dir, tmp_path, *options) == 0
+    assert json.loads(stem.with_suffix(".json").read_text())["prefill"]["rows_from_store"] == 0
+    assert _bench(tiny_model_dir, tmp_path, *options) == 0
+    prefill = json.loads(stem.with_suffix(".json").read_text())["prefill"]
+    assert prefill["rows_from_store"] == 2 and prefill["bytes_from_store"] > 0
+    assert "the prompt's K/V were read back from the document store" in stem.with_suffix(".md").read_text()
+    assert _bench(tiny_model_dir, tmp_path, *options, "--no-kv-store") == 0
+    assert json.loads(stem.with_suffix(".json").read_text())["prefill"]["rows_from_store"] == 0
+
+
 def test_unwritable_results_directory_is_a_one_line_error(tiny_model_dir, tmp_path, capsys):
     (tmp_path / "out").write_text("a file where the results directory should be")
     assert _bench(tiny_model_dir, tmp_path) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("kvtier: error: results directory") and "Traceback" not in "\n".join(err)
+
+
+def test_a_kv_store_that_is_a_file_is_a_one_line_error(tiny_model_dir, tmp_path, capsys):
+    (tmp_path / "store").write_text("a file where the store should be")
+    assert _bench(tiny_model_dir, tmp_path) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "KV store" in err[-1] and err[-1].startswith("kvtier: error:") and "Traceback" not in "\n".join(err)

@@ -18,7 +18,10 @@ every core for dense and offload (kvtier.threads).
 The model runs over the prompt once (kvtier.eval.prefill_tape): every mode prefills densely, so
 each mode's cache is fed the recorded K/V of all but the prompt's last chunk, and that chunk runs
 through the model in each mode. Only decode steps are compared; a mode's `prefill_s` is its
-replay plus that chunk, and `prefill.record_s` the one real prefill.
+replay plus that chunk, and `prefill.record_s` the one real prefill. The recorded rows go to the
+document KV store (`--kv-store`, as `kvtier generate`'s prompts do), and a rerun over the same
+prompt reads them back, verified, instead of prefilling again (kvtier.eval.stored_rows;
+`--no-kv-store` neither reads nor stores them).
 
 Cold reads are honest: the sparse cold pool and the offload KV file are read
 with O_DIRECT (the result says so; on a filesystem without O_DIRECT the
@@ -36,6 +39,7 @@ import torch
 
 from kvtier.commands.bench_options import add_device_options, check_writable, storage_directory
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
+from kvtier.commands.store_options import add_store_options, store_from
 from kvtier.data.corpus import CORPUS_NAMES
 from kvtier.eval.sparse_bench import SparseBench, run_sparse_benchmark, write_results
 from kvtier.models.loader import load_model
@@ -69,6 +73,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--prefill-chunk", type=int, default=1024)
     parser.add_argument("--recalibrate", action="store_true", help="measure APP's throughputs again")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    add_store_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -76,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.threads)
     check_writable(args.out)
     storage_dir = str(storage_directory(args.storage_dir))
+    store = store_from(args)
     llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     bench = SparseBench(**{field.name: getattr(args, field.name) for field in fields(SparseBench)})
-    write_results(run_sparse_benchmark(llm, bench, storage_dir, args.device, args.dtype), args.out)
+    write_results(run_sparse_benchmark(llm, bench, storage_dir, args.device, args.dtype, store), args.out)
     return 0

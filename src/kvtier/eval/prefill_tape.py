@@ -18,6 +18,7 @@ Memory: the tape holds the prompt's full K/V (what the dense mode holds anyway).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ from kvtier.generation import prefill
 from kvtier.kv.geometry import text_config
 
 Update = tuple[int, torch.Tensor, torch.Tensor]  # (layer index, K, V [batch, heads, n, head_dim])
+RowCalls = Callable[[torch.Tensor, int], list[Update]]  # a row's calls for its first n tokens: (ids [1, N], n)
 
 
 @dataclass
@@ -63,12 +65,18 @@ def recorded_tokens(prompt_tokens: int, chunk: int) -> int:
     return (prompt_tokens - 1) // chunk * chunk
 
 
-def record(model, ids: torch.Tensor, chunk: int, on_chunk: Callable[[], None] = lambda: None) -> PrefillTape:
-    """Prefill each row of `ids` [B, N] densely, `chunk` tokens per pass, recording all but the last chunk."""
+def record(model, ids: torch.Tensor, chunk: int, on_chunk: Callable[[], None] = lambda: None,
+           row_calls: RowCalls | None = None) -> PrefillTape:
+    """Prefill each row of `ids` [B, N] densely, `chunk` tokens per pass, recording all but the last chunk.
+    `row_calls`: where a row's calls come from instead (the document store: stored_rows.py)."""
     recorded = recorded_tokens(ids.shape[1], chunk)
+
+    def prefilled(row_ids: torch.Tensor, tokens: int) -> list[Update]:
+        return record_row(model, row_ids[:, :tokens], chunk, on_chunk)
+
     updates: list[Update] = []
     for row in range(ids.shape[0]):
-        calls = _record_row(model, ids[row : row + 1, :recorded], chunk, on_chunk)
+        calls = (row_calls or prefilled)(ids[row : row + 1], recorded)
         if not updates:
             updates = [(layer, keys.new_empty((ids.shape[0], *keys.shape[1:])),
                         values.new_empty((ids.shape[0], *values.shape[1:]))) for layer, keys, values in calls]
@@ -95,10 +103,12 @@ class _RecordingCache(DynamicCache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
-def _record_row(model, ids: torch.Tensor, chunk: int, on_chunk: Callable[[], None]) -> list[Update]:
-    """The update calls a dense cache receives while `ids` [1, n] is prefilled."""
+def record_row(model, ids: torch.Tensor, chunk: int, on_chunk: Callable[[], None],
+               also: Callable[[DynamicCache], AbstractContextManager] = nullcontext) -> list[Update]:
+    """The update calls a dense cache receives while `ids` [1, n] is prefilled; `also(cache)` is entered around
+    the prefill (the store writes the updates to an entry as they come: stored_rows.py)."""
     cache = _RecordingCache(text_config(model))
     if ids.shape[1]:
-        with torch.inference_mode():
+        with torch.inference_mode(), also(cache):
             prefill(model, cache, ids, chunk, lambda tokens: on_chunk())
     return cache.calls

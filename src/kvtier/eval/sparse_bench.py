@@ -2,7 +2,8 @@
 (and dense), plus selection quality; the command (kvtier.commands.bench_sparse) says what is measured.
 
 One run, same prompt, same budgets (kvtier.eval.budgets). The model runs over the prompt once
-(kvtier.eval.prefill_tape) and every mode's cache is fed the recorded K/V; modes run in alternating
+(kvtier.eval.prefill_tape; rows the document store holds are read back instead, kvtier.eval.stored_rows)
+and every mode's cache is fed the recorded K/V; modes run in alternating
 rounds and the result keeps each round's ratios. Recall of the selected set against exact top-k
 comes from one dense decode step with the attention probe (kvtier.eval.attention_mass).
 """
@@ -27,6 +28,7 @@ from kvtier.eval.budgets import BudgetShares, budget_bytes, kv_bytes_per_token
 from kvtier.eval.decode_timing import measure_decode
 from kvtier.eval.prefill_tape import PrefillTape, record, recorded_tokens
 from kvtier.eval.record import machine_info
+from kvtier.eval.stored_rows import StoredRows
 from kvtier.eval.traffic import sparse_details
 from kvtier.kv.geometry import full_attention_layers, model_geometry, text_config
 from kvtier.kv.offload import OffloadCache
@@ -36,6 +38,7 @@ from kvtier.sparse.lookahead import QueryForecast, is_predicted
 from kvtier.sparse.planner import load_or_calibrate
 from kvtier.sparse.recall import ESTIMATES, edge_mass, estimate, exact_mass, recall_at
 from kvtier.sparse.settings import SparseSettings
+from kvtier.store import DocumentStore
 from kvtier.threads import decoding, describe_threads, thread_settings
 from kvtier.units import format_size
 
@@ -61,12 +64,14 @@ class SparseBench:
     recalibrate: bool  # measure APP's throughputs again
 
 
-def run_sparse_benchmark(llm, bench: SparseBench, storage_dir: str, device: str, dtype: str) -> dict:
-    """Every mode of `bench` over one recorded prompt, in alternating rounds; the result record."""
+def run_sparse_benchmark(llm, bench: SparseBench, storage_dir: str, device: str, dtype: str,
+                         store: DocumentStore | None = None) -> dict:
+    """Every mode of `bench` over one recorded prompt (its rows from `store` where it holds them), in alternating
+    rounds; the result record."""
     model = llm.model
     started = time.perf_counter()
     ids = _prompt(llm, bench.context, bench.batch, bench.corpus).to(model.device)
-    tape = _record_prompt(model, ids, bench.prefill_chunk)
+    tape, stored = _record_prompt(llm, ids, bench.prefill_chunk, store)
     kv_bytes = kv_bytes_per_token(model) * bench.context * bench.batch
     device_budget, host_budget = budget_bytes(model, bench.context, BudgetShares(host=bench.host_share), bench.batch)
     result = {"model": llm.name, "device": device, "dtype": dtype,
@@ -74,7 +79,9 @@ def run_sparse_benchmark(llm, bench: SparseBench, storage_dir: str, device: str,
               "alpha": bench.alpha, "score_bits": bench.score_bits, "prompt_kv_bytes": kv_bytes,
               "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": thread_settings(),
               "machine": machine_info(storage_dir), "modes": {},
-              "prefill": {"recorded_once": True, "record_s": time.perf_counter() - started}}
+              "prefill": {"recorded_once": True, "record_s": time.perf_counter() - started,
+                          "rows_from_store": stored.rows_read if stored else 0,
+                          "bytes_from_store": stored.bytes_read if stored else 0}}
     if bench.recalibrate:
         geometry = model_geometry(model)
         with decoding("sparse"):  # the rates of the threads and cores the sparse path decodes on
@@ -140,11 +147,14 @@ def _prompt(llm, tokens: int, batch: int, corpus: str) -> torch.Tensor:
     return torch.tensor([all_ids[i * tokens : (i + 1) * tokens] for i in range(batch)], dtype=torch.long)
 
 
-def _record_prompt(model, ids: torch.Tensor, chunk: int) -> PrefillTape:
-    """The one real prefill of the run, with a progress bar (it is most of a long-context run's time)."""
+def _record_prompt(llm, ids: torch.Tensor, chunk: int,
+                   store: DocumentStore | None) -> tuple[PrefillTape, StoredRows | None]:
+    """The one real prefill of the run (rows the store holds are read back instead), with a progress bar (it is
+    most of a long-context run's time)."""
     passes = ids.shape[0] * recorded_tokens(ids.shape[1], chunk) // chunk
     with tqdm(total=passes, desc="prefill (once, every row)", unit="pass", file=sys.stderr, leave=False) as bar:
-        return record(model, ids, chunk, bar.update)
+        stored = StoredRows(llm, store, chunk, bar.update) if store is not None else None
+        return record(llm.model, ids, chunk, bar.update, stored), stored
 
 
 def _measure(model, cache, tape: PrefillTape, bench: SparseBench, label: str) -> dict:
@@ -178,8 +188,15 @@ def _prefill_text(result: dict) -> str:
     recorded = result.get("prefill")
     if not recorded:
         return ""
-    return (f"; the model prefilled the prompt once ({recorded['record_s'] / 60:.1f} min) and each mode's cache was "
-            "fed its K/V, the last chunk running through the model in each mode (kvtier.eval.prefill_tape)")
+    minutes, stored, rows = recorded["record_s"] / 60, recorded.get("rows_from_store", 0), result["batch"]
+    if not stored:
+        source = "the model prefilled the prompt once"
+    elif stored == rows:
+        source = "the prompt's K/V were read back from the document store, every record's checksum verified"
+    else:
+        source = f"the model prefilled {rows - stored} of the prompt's {rows} rows once, the others came from the store"
+    return (f"; {source} ({minutes:.1f} min) and each mode's cache was fed its K/V, the last chunk running through "
+            "the model in each mode (kvtier.eval.prefill_tape)")
 
 
 def _speedup_text(result: dict, mode: str, row: dict, offload: dict) -> str:
