@@ -157,7 +157,7 @@ class FoldedProjection:
         batch, head_dim = len(hidden), rotation.shape[-1]
         query = np.empty((batch, self.kv_heads, 1, head_dim), dtype=np.float32)
         bias = b"" if self.bias is None else self.bias.numpy()
-        _summed_query.summed_query(hidden.float().contiguous().numpy(), self.weight.numpy(), bias,
+        _summed_query.summed_query(hidden.detach().float().contiguous().numpy(), self.weight.numpy(), bias,
                                    rotation.contiguous().numpy(), query, batch, hidden.shape[-1], len(self.weight),
                                    head_dim, self.epsilon)
         return torch.from_numpy(query)
