@@ -276,9 +276,7 @@ class _PromptIn:
     def _recompute(self, reuse: PromptReuse, error: CorruptEntry | CorruptImage) -> tuple[object, torch.Tensor, float]:
         """After a damaged entry: raise (`fail`, the entry kept), or remove it and prefill the whole prompt as if
         nothing were stored."""
-        if reuse.store.on_corrupt == "fail":
-            raise error
-        reuse.forget_match(error)
+        reuse.forget_damaged(error)
         return self.into_cache(reuse)
 
     def _prefill(self, cache, start: int) -> torch.Tensor:
@@ -316,9 +314,7 @@ def _forget_damaged(reuse: PromptReuse, prompt_in: _PromptIn, error: StorageErro
     the entry being written is dropped (it may hold copies of the damaged records); `fail` raises the error and
     keeps the damaged entry, `recompute` removes it and forgets the match, so the prompt is answered again cold."""
     prompt_in.discard_entry(reuse)
-    if reuse.store.on_corrupt == "fail":
-        raise error
-    reuse.forget_match(error)
+    reuse.forget_damaged(error)
 
 
 def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], stream: _Stream, choose, watch) -> list[int]:

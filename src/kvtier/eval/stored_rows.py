@@ -41,9 +41,7 @@ class StoredRows:
             try:
                 return self._read(reuse, tokens)
             except CorruptEntry as error:
-                if self.store.on_corrupt == "fail":
-                    raise
-                reuse.forget_match(error)
+                reuse.forget_damaged(error)
         return record_row(self.llm.model, row_ids[:, :tokens], self.chunk, self.on_chunk,
                           lambda cache: _published(reuse, cache))
 

@@ -13,7 +13,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
-#include <string.h>
 
 #include "avx2_module.h"
 

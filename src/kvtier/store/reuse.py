@@ -73,9 +73,12 @@ class PromptReuse:
         self.bytes_read = self.match.blocks * entry.meta.block_span
         return self.match.tokens
 
-    def forget_match(self, error: StorageError) -> None:
-        """After a damaged entry (`error` says why): remove it, and prefill the whole prompt (and publish it) as if
-        nothing were stored."""
+    def forget_damaged(self, error: StorageError) -> None:
+        """After a damaged entry (`error` says why), as the store's `on_corrupt` says: `fail` raises `error` and keeps
+        the entry; `recompute` removes it, so the whole prompt is prefilled (and published) as if nothing were
+        stored."""
+        if self.store.on_corrupt == "fail":
+            raise error
         self.store.drop(self.match.entry.path, str(error))
         self.match = None
 
