@@ -90,9 +90,14 @@ def test_layers_prepared_while_others_are_scored_keep_their_own_buffers(scorer):
     sketch_scorer, channel, _, keys = scorer
     sketch_scorer.score_layer(0, then_prepare=1)  # layer 1 is read while layer 0 is scored
     np.testing.assert_array_equal(_scores(channel), _expected(keys[0], channel))
+    # wait for the background read (a current prepared layer is not read again): its bytes count when it ends
+    sketch_scorer.prepare(1).result()
+    one_layer = _read_bytes(channel) // 2  # layer 0 read by the request, layer 1 prepared
     sketch_scorer.score_layer(1, then_prepare=0)
     np.testing.assert_array_equal(_scores(channel), _expected(keys[1], channel))
+    sketch_scorer.prepare(0).result()
     read = _read_bytes(channel)
+    assert read == 3 * one_layer  # no layer read twice
     sketch_scorer.score_layer(0)  # prepared while layer 1 was scored, into the other buffers
     assert _read_bytes(channel) == read
     np.testing.assert_array_equal(_scores(channel), _expected(keys[0], channel))
