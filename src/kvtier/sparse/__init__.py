@@ -14,7 +14,7 @@ Per decode step and layer (overlapped, not in sequence):
           the chosen hot tokens' (picked out of the dots above) and values -> when the cold pages land
           (checked per page), one exact softmax over window + hot + cold -> bounded promotions and
           window retirement, whose disk writes run on a background thread while the next layers compute.
-    lookahead (default, from the third tiered layer on, for cold pools of >= 4096 tokens per sequence):
+    lookahead (default, from the third tiered layer on, for cold pools of >= 256 tokens per sequence):
           once a layer has its cold candidates, the scorer scores the next layer's cold pool with that
           layer's query predicted from this layer's input, then reads the best candidates' K/V and
           checks them (page crcs the host keeps in the shared segment) into shared memory; the next
