@@ -40,7 +40,7 @@ class KVConfig:
     kv: str = "dense"
     device_kv_budget: int | str = "64MiB"
     host_kv_budget: int | str = "256MiB"
-    storage_dir: str | None = None  # default: <user cache>/kv
+    storage_dir: str | None = None  # default: ~/.cache/kvtier/kv
     block_tokens: int = 64  # HiFC's best block size (the HiFC paper, Fig. 6); 4 KiB-aligned for every packaged model
     io_threads: int = 8
     # sparse mode and baselines (kvtier.sparse.settings.SparseSettings documents each)

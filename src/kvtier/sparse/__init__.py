@@ -25,6 +25,9 @@ Files (one concept each):
     settings.py        SparseSettings: every knob, validated
     sketch.py          INT8/INT4 key sketches with per-group scales; raw inner-product scoring from the codes
     sketch_scores.c    that scoring, compiled (AVX2 where present): one call per score block
+    hot_dots.c         the hot pool's q.k, compiled (AVX2): the CPU path's host scores and hot logits
+    summed_query.c     the lookahead's predicted query (norm, folded product, rotation) in one compiled call
+    avx2_module.h      what those compiled modules share: the CPU check and their module set-up
     record_file.py     per-token records in page-aligned (layer, sequence) regions; page read-modify-write
     protocol.py        shared-memory channel layout (with the K|V file's page crcs and two candidate areas) and the
                        24/16-byte pipe messages
@@ -86,7 +89,7 @@ Decisions and why:
 - Score blocks are 1024 tokens (SparseSettings.score_block_tokens): each block is one numpy call
   in the scorer, and small blocks pay more call overhead than inner products.
 - Cold reads go to the disk as one kernel AIO batch per layer (all sequences), checked with a
-  crc32c per 4 KiB page (all pages of a batch in one compiled call); tokens leave the recent
+  crc32c per read unit (512 B sectors where O_DIRECT takes them, else 4 KiB; all of a batch in one compiled call); tokens leave the recent
   window `retire_batch` at a time.
 - The lookahead's candidates are read and checked by the scorer, not the host: the host's page
   plans, submissions, checks and record cutting were fixed per-layer work on the decoding core

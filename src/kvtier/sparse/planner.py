@@ -24,10 +24,10 @@ was tried and was worse at long contexts. Results record the planned rates besid
 (`planned_selection_rates`).
 
 Units are tokens (of one layer and sequence) and tokens per second. `calibrate` measures the four
-throughputs on this machine with the real code paths (HotPool scoring, the gather-and-place copy of
-the selected tokens, the scorer process reading O_DIRECT sketches, cold K/V record reads) and caches
+throughputs on this machine with the real code paths (HotPool scoring, the gather of
+the selected tokens' values, the scorer process reading O_DIRECT sketches, cold K/V record reads) and caches
 them per machine, storage device, geometry and torch thread count in
-`<user cache>/sparse-calibration.json`; `refresh=True` measures again. The thread count is part of
+`~/.cache/kvtier/sparse-calibration.json`; `refresh=True` measures again. The thread count is part of
 the key because the host rates scale with it and the plan is made on the first decode step, under
 the decode's threads (one fewer than the cores for `--kv sparse`: the scorer holds a core).
 The measurements behind the round trip, the skew estimate and the per-thread key: docs/decisions.md.

@@ -113,7 +113,7 @@ class RecordFile:
 
     def read_many(self, layer: int, requests: Sequence[tuple[int, np.ndarray]]) -> list[tuple[np.ndarray, int]]:
         """Records at `slots` of each (seq, slots) of one layer (uint8 [len(slots), record_bytes], in the order given)
-        and the pages read, with every run of every request in flight at once.
+        and the bytes read, with every run of every request in flight at once.
 
         One parallel read instead of one per sequence: a batch's fetch waits for the disk once per layer.
         """

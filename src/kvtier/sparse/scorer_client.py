@@ -9,10 +9,10 @@ With `counts` the request is a candidates request (the lookahead's):
 verified K/V records, read by the scorer (candidate_reads.py).
 Fault handling:
 
-- The scorer dies: its end of the response pipe closes, so `wait()` sees end
-  of file at once (a request written after its death gets EPIPE). Detection
+- The scorer dies: its end of the response pipe closes, so waiting for its
+  answer sees end of file at once (a request written after its death gets EPIPE). Detection
   costs no timeout and happens within the step that needed the scores.
-- The scorer hangs: `wait()` gives up after `response_timeout_s`, kills it,
+- The scorer hangs: the wait gives up after `response_timeout_s`, kills it,
   and treats it as dead.
 - The scorer reports a failure (an exception it printed to stderr).
 
@@ -109,7 +109,7 @@ class ScorerClient:
             os.write(self._request_fd, REQUEST.pack(self._request_id, layer, self._pending_op))
             self._sent = True
         except BrokenPipeError:
-            pass  # died since the last request: wait() recovers
+            pass  # died since the last request: waiting for the answer recovers (_answer)
 
     def scores(self) -> np.ndarray:
         """The requested layer's cold scores, float32 [batch, cold_tokens] (a copy); blocks until all are in."""

@@ -6,6 +6,7 @@ bytes (numpy arrays, bytearrays, CPU tensors viewed as uint8).
     geometry.py     KVGeometry (per-token KV size), BlockLayout (block -> 4 KiB-aligned file offset)
     aligned.py      page-aligned buffers for O_DIRECT, byte views of caller buffers
     checksum.py     crc32c of blocks, the per-block checksum table, in-memory per-page crcs
+    crc32c_units.c  the crc32c of many pages (read units) in one compiled call
     direct_file.py  O_DIRECT open with buffered fallback, its read unit, page-cache eviction, fsynced new files
     sealed_json.py  small metadata files sealed with their own crc32c
     io_engine.py    thread pool of preadv/pwritev over runs of adjacent buffers; scattered reads in one batch
@@ -13,6 +14,8 @@ bytes (numpy arrays, bytearrays, CPU tensors viewed as uint8).
     header.py       page 0 of a block file (format version, layout, model id)
     block_file.py   KVBlockFile: create/open/validate, coalesced checksummed block I/O, page reads
     pages.py        which pages (read units) hold chosen fixed-size records (tokens), short gaps bridged
+    flash_log.py    slot allocators of the flash cache file: HiFC's append-only log and the naive reuse baseline
+    stale_files.py  KV files left in a storage dir by killed runs, found and removed
 """
 
 from kvtier.storage.aligned import aligned_buffer, byte_view, is_aligned
