@@ -13,6 +13,7 @@ Files (one concept each):
     store.py      SelectiveStore: TieredStore's whole-block appends + reads of chosen blocks into fixed slots
     runtime.py    TierSetup (a resolved KVConfig), budgets -> capacities, SelectiveRuntime (I/O engine, files, hooks)
     selective.py  SelectiveLayer / SelectiveCache: device window + pool (host, disk), subset attention hand-off
+    host_tokens.py HostTokens: the pool's newest tokens in host DRAM, a token-major queue
     h2o.py        H2O-like: accumulated exact attention, all keys read every step (host-centric)
     infinigen.py  InfiniGen-like: partial key cache, speculation from the previous layer, prefetch
     chunks.py     LeoAM's variable-size chunks and min/max key abstracts (Quest-style upper bound)

@@ -5,7 +5,7 @@ per sequence (all sequences of a batch hold the same counts):
 
     device   sink tokens + recent window (the new token completes it): always attended, as in --kv sparse
     pool     every other token in position order, as [storage blocks | host tokens]: the oldest whole blocks in
-             the cache's KVBlockFile (O_DIRECT, IOEngine), the newest in host DRAM (a HotPool) up to the host budget
+             the cache's KVBlockFile (O_DIRECT, IOEngine), the newest in host DRAM (HostTokens) up to the host budget
 
 Pool index i is the token at position sink + i; indices below `stored_tokens` are on disk, in block i // T.
 
@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
+from kvtier.baselines.host_tokens import HostTokens
 from kvtier.baselines.runtime import SelectiveRuntime, TierSetup, plan_capacity
 from kvtier.baselines.store import SelectiveStore
 from kvtier.kv.contract import SelectiveKVCache
@@ -40,7 +41,6 @@ from kvtier.kv.gather import select_columns, take_tokens
 from kvtier.kv.windowed import WindowedLayer
 from kvtier.kv.geometry import model_geometry, text_config
 from kvtier.sparse import attention
-from kvtier.sparse.hot_pool import HotPool
 from kvtier.storage import K, IOStats
 
 
@@ -60,7 +60,7 @@ class SelectiveLayer(WindowedLayer):
         # One recent slot is left free at distribution, for the new token (see the module docstring).
         super().__init__(layer_idx, runtime.setup.max_tokens, runtime.settings.sink, runtime.settings.recent - 1)
         self.runtime = runtime
-        self.host: HotPool | None = None
+        self.host: HostTokens | None = None
         self._prefetched: Future | None = None
 
     # ----- what a baseline defines -----
@@ -82,7 +82,7 @@ class SelectiveLayer(WindowedLayer):
     # ----- the pool -----
 
     def make_pool(self, batch: int, heads: int, head_dim: int) -> None:
-        self.host = HotPool(batch, heads, head_dim, self.dtype)
+        self.host = HostTokens(batch, heads, head_dim, self.dtype)
 
     def pool_tokens(self) -> tuple[int, int]:
         return self.host.used, self.stored_tokens
@@ -110,8 +110,7 @@ class SelectiveLayer(WindowedLayer):
             return
         keys, values, first = keys.cpu(), values.cpu(), self.pooled_tokens
         self.on_admit(keys, first)
-        positions = np.tile(np.arange(first, first + count) + self.sink_tokens, (keys.shape[0], 1))
-        self.host.append(keys, values, positions)
+        self.host.append(keys, values)
         self._spill()
 
     def _spill(self) -> None:
@@ -121,8 +120,7 @@ class SelectiveLayer(WindowedLayer):
             return
         move = min(-(-excess // block), self.host.used // block) * block  # a partial block waits in DRAM
         if move:
-            oldest = np.tile(np.arange(move), (self.host.keys.shape[0], 1))
-            keys, values, _ = self.host.take(oldest)
+            keys, values = self.host.pop_front(move)
             self.runtime.kv.append(self.layer_idx, keys, values)
 
     # ----- reading the pool -----
@@ -134,7 +132,7 @@ class SelectiveLayer(WindowedLayer):
         """
         rows = slice(None) if seq is None else slice(seq, seq + 1)
         stored, used = self.stored_tokens, self.host.used
-        host = (self.host.keys if kind == K else self.host.values)[rows, :, :used]
+        host = (self.host.keys if kind == K else self.host.values)[rows]
         disk = self.runtime.kv.tokens(kind, buffer)[rows].permute(0, 2, 1, 3)
         if not used:
             return take_tokens(disk, index)
@@ -147,8 +145,7 @@ class SelectiveLayer(WindowedLayer):
     def pooled(self, kind: int) -> torch.Tensor:
         """All pool K or V [B, H, P, D] (host), once the stored blocks of `kind` are in buffer 0."""
         stored = self.runtime.kv.tokens(kind)[:, : self.stored_tokens].permute(0, 2, 1, 3)
-        host = self.host.keys if kind == K else self.host.values
-        return torch.cat([stored, host[:, :, : self.host.used]], dim=2)
+        return torch.cat([stored, self.host.keys if kind == K else self.host.values], dim=2)
 
     def load_whole(self) -> None:
         """This step's whole reads: the prefetch started one layer ahead, or a read now (first step)."""

@@ -3,16 +3,14 @@
    Every decode step the host takes the dot product of each query head with
    every hot key of its KV head (hot_pool.py): the hot tokens' importance and
    their attention logits. The pool is out of cache by then, so the product is
-   bound by reading the keys. In torch a bfloat16 pool is first converted to
-   float32 whole (read once, written and read again), and a float32 product
-   with four or more query rows ran at about half the memory's speed
-   (docs/decisions.md). Here each 16-token stretch of a key row is loaded
-   once, widened from bfloat16 in registers where need be (a bfloat16 is the
-   top half of a float32), and multiplied into up to four query heads at once.
-   Keys are column-major per head ([head_dim, capacity], hot_pool.py), so a
-   stretch is contiguous; rows are prefetched ahead. x86-64 with AVX2 and FMA
-   only (`vectorized` says whether this CPU has them); elsewhere the pool
-   keeps torch's product. The GIL is released while it runs. */
+   bound by reading the keys. The pool keeps them in tiles of 16 tokens, each
+   tile dimension-major ([tiles, head_dim, 16]), so a tile is one contiguous
+   run the prefetchers follow; the kernel loads each tile once, widened from
+   bfloat16 in registers where need be (a bfloat16 is the top half of a
+   float32), and multiplies it into up to four query heads at once. x86-64
+   with AVX2 and FMA only (`vectorized` says whether this CPU has them);
+   elsewhere the pool keeps torch's product. The GIL is released while it
+   runs. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,15 +19,12 @@
 
 #include "avx2_module.h"
 
+#define TILE 16 /* tokens per key tile (hot_pool.TILE): two AVX2 vectors */
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#define STRETCH 16    /* tokens per pass over a head's key rows: two AVX2 vectors */
 #define MAX_QUERIES 4 /* query heads a pass serves: 8 accumulators, 2 key vectors and a broadcast fit 16 registers */
-/* Tokens ahead of a stretch whose keys are prefetched. A pass reads 32 bytes from each of head_dim rows a pool's
-   width apart, too many streams for the hardware prefetcher: without this the kernel was slower than torch once
-   the pool was out of cache (docs/decisions.md). */
-#define PREFETCH_AHEAD 128
 
 /* Eight keys from `keys` (bfloat16 bits when `bf16`, else float32) at token index `at`, as float32. */
 __attribute__((target("avx2,fma"), always_inline))
@@ -49,19 +44,17 @@ static inline float one_key(const void *keys, size_t at, int bf16) {
     return value;
 }
 
-/* out[g][n .. n+16) = query[g] . keys[:, n .. n+16) for `queries` query heads (`queries` and `bf16` are constants
-   once inlined, so each combination compiles to its own unrolled loop). */
+/* out[g][0 .. 16) = query[g] . tile[:, 0 .. 16) for `queries` query heads, `out_stride` apart (`queries` and `bf16`
+   are constants once inlined, so each combination compiles to its own unrolled loop). */
 __attribute__((target("avx2,fma"), always_inline))
-static inline void stretch_dots(const void *keys, const float *query, float *out, int queries, int bf16,
-                                int head_dim, Py_ssize_t capacity, Py_ssize_t used, Py_ssize_t n) {
-    size_t key_bytes = bf16 ? 2 : 4;
+static inline void tile_dots(const void *tile, const float *query, float *out, int queries, int bf16, int head_dim,
+                             Py_ssize_t out_stride) {
     __m256 low[MAX_QUERIES], high[MAX_QUERIES];
     for (int g = 0; g < queries; g++)
         low[g] = high[g] = _mm256_setzero_ps();
     for (int d = 0; d < head_dim; d++) {
-        size_t row = (size_t)d * capacity + n;
-        _mm_prefetch((const char *)keys + (row + PREFETCH_AHEAD) * key_bytes, _MM_HINT_T0);
-        __m256 key_low = eight_keys(keys, row, bf16), key_high = eight_keys(keys, row + 8, bf16);
+        __m256 key_low = eight_keys(tile, (size_t)d * TILE, bf16);
+        __m256 key_high = eight_keys(tile, (size_t)d * TILE + 8, bf16);
         for (int g = 0; g < queries; g++) {
             __m256 q = _mm256_broadcast_ss(query + (size_t)g * head_dim + d);
             low[g] = _mm256_fmadd_ps(q, key_low, low[g]);
@@ -69,47 +62,48 @@ static inline void stretch_dots(const void *keys, const float *query, float *out
         }
     }
     for (int g = 0; g < queries; g++) {
-        _mm256_storeu_ps(out + (size_t)g * used + n, low[g]);
-        _mm256_storeu_ps(out + (size_t)g * used + n + 8, high[g]);
+        _mm256_storeu_ps(out + (size_t)g * out_stride, low[g]);
+        _mm256_storeu_ps(out + (size_t)g * out_stride + 8, high[g]);
     }
 }
 
-/* One KV head: keys [head_dim, capacity] (the first `used` columns), query [group, head_dim], out [group, used]. */
+/* One KV head: keys [tiles, head_dim, TILE] (the first `used` tokens), query [group, head_dim], out [group, used]. */
 __attribute__((target("avx2,fma"), always_inline))
-static inline void head_dots(const void *keys, const float *query, float *out, int bf16, int group, int head_dim,
-                             Py_ssize_t capacity, Py_ssize_t used) {
+static inline void head_dots(const char *keys, const float *query, float *out, int bf16, int group, int head_dim,
+                             Py_ssize_t used) {
+    size_t tile_bytes = (size_t)head_dim * TILE * (bf16 ? 2 : 4);
     Py_ssize_t n = 0;
-    for (; n + STRETCH <= used; n += STRETCH)
+    for (; n + TILE <= used; n += TILE, keys += tile_bytes)
         for (int g = 0; g < group; g += MAX_QUERIES) {
             const float *q = query + (size_t)g * head_dim;
-            float *o = out + (size_t)g * used;
+            float *o = out + (size_t)g * used + n;
             switch (group - g < MAX_QUERIES ? group - g : MAX_QUERIES) {
-                case 1: stretch_dots(keys, q, o, 1, bf16, head_dim, capacity, used, n); break;
-                case 2: stretch_dots(keys, q, o, 2, bf16, head_dim, capacity, used, n); break;
-                case 3: stretch_dots(keys, q, o, 3, bf16, head_dim, capacity, used, n); break;
-                default: stretch_dots(keys, q, o, 4, bf16, head_dim, capacity, used, n);
+                case 1: tile_dots(keys, q, o, 1, bf16, head_dim, used); break;
+                case 2: tile_dots(keys, q, o, 2, bf16, head_dim, used); break;
+                case 3: tile_dots(keys, q, o, 3, bf16, head_dim, used); break;
+                default: tile_dots(keys, q, o, 4, bf16, head_dim, used);
             }
         }
-    for (; n < used; n++)  /* the last few tokens */
+    for (Py_ssize_t lane = 0; n + lane < used; lane++)  /* the last, partly filled tile */
         for (int g = 0; g < group; g++) {
             float dot = 0.0f;
             for (int d = 0; d < head_dim; d++)
-                dot += query[(size_t)g * head_dim + d] * one_key(keys, (size_t)d * capacity + n, bf16);
-            out[(size_t)g * used + n] = dot;
+                dot += query[(size_t)g * head_dim + d] * one_key(keys, (size_t)d * TILE + lane, bf16);
+            out[(size_t)g * used + n + lane] = dot;
         }
 }
 
 __attribute__((target("avx2,fma")))
 static void all_heads(const void *keys, const float *query, float *out, int key_bytes, int heads, int group,
-                      int head_dim, Py_ssize_t capacity, Py_ssize_t used) {
+                      int head_dim, Py_ssize_t tiles, Py_ssize_t used) {
     for (int h = 0; h < heads; h++) {
-        const char *head_keys = (const char *)keys + (size_t)h * head_dim * capacity * key_bytes;
+        const char *head_keys = (const char *)keys + (size_t)h * tiles * head_dim * TILE * key_bytes;
         const float *head_query = query + (size_t)h * group * head_dim;
         float *head_out = out + (size_t)h * group * used;
         if (key_bytes == 2)
-            head_dots(head_keys, head_query, head_out, 1, group, head_dim, capacity, used);
+            head_dots(head_keys, head_query, head_out, 1, group, head_dim, used);
         else
-            head_dots(head_keys, head_query, head_out, 0, group, head_dim, capacity, used);
+            head_dots(head_keys, head_query, head_out, 0, group, head_dim, used);
     }
 }
 #endif
@@ -119,8 +113,8 @@ static int vectorized = 0;
 static PyObject *dots(PyObject *self, PyObject *args) {
     Py_buffer keys, query, out;
     int key_bytes, heads, group, head_dim;
-    Py_ssize_t capacity, used;
-    if (!PyArg_ParseTuple(args, "y*y*w*iiiinn", &keys, &query, &out, &key_bytes, &heads, &group, &head_dim, &capacity,
+    Py_ssize_t tiles, used;
+    if (!PyArg_ParseTuple(args, "y*y*w*iiiinn", &keys, &query, &out, &key_bytes, &heads, &group, &head_dim, &tiles,
                           &used))
         return NULL;
     PyObject *result = NULL;
@@ -128,17 +122,16 @@ static PyObject *dots(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "hot_dots needs an x86-64 CPU with AVX2 and FMA");
     } else if (key_bytes != 2 && key_bytes != 4) {
         PyErr_SetString(PyExc_ValueError, "keys must be bfloat16 (2 bytes) or float32 (4 bytes)");
-    } else if (heads <= 0 || group <= 0 || head_dim <= 0 || used < 0 || used > capacity) {
-        PyErr_SetString(PyExc_ValueError, "bad shape: need heads, group, head_dim > 0 and 0 <= used <= capacity");
-    } else if ((size_t)keys.len < (size_t)heads * head_dim * capacity * key_bytes
+    } else if (heads <= 0 || group <= 0 || head_dim <= 0 || used < 0 || used > tiles * TILE) {
+        PyErr_SetString(PyExc_ValueError, "bad shape: need heads, group, head_dim > 0 and 0 <= used <= tiles x 16");
+    } else if ((size_t)keys.len < (size_t)heads * tiles * head_dim * TILE * key_bytes
                || (size_t)query.len != (size_t)heads * group * head_dim * sizeof(float)
                || (size_t)out.len < (size_t)heads * group * used * sizeof(float)) {
         PyErr_SetString(PyExc_ValueError, "a buffer's size does not match the shape");
     } else {
 #if defined(__x86_64__)
         Py_BEGIN_ALLOW_THREADS
-        all_heads(keys.buf, (const float *)query.buf, (float *)out.buf, key_bytes, heads, group, head_dim, capacity,
-                  used);
+        all_heads(keys.buf, (const float *)query.buf, (float *)out.buf, key_bytes, heads, group, head_dim, tiles, used);
         Py_END_ALLOW_THREADS
 #endif
         result = Py_NewRef(Py_None);
@@ -151,8 +144,8 @@ static PyObject *dots(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"dots", dots, METH_VARARGS,
-     "dots(keys, query, out, key_bytes, heads, group, head_dim, capacity, used): raw q.k into out (float32 "
-     "[heads, group, used]); keys [heads, head_dim, capacity] of bfloat16 bits (key_bytes 2) or float32 (4), query "
+     "dots(keys, query, out, key_bytes, heads, group, head_dim, tiles, used): raw q.k into out (float32 "
+     "[heads, group, used]); keys [heads, tiles, head_dim, 16] of bfloat16 bits (key_bytes 2) or float32 (4), query "
      "float32 [heads, group, head_dim]."},
     {NULL, NULL, 0, NULL},
 };

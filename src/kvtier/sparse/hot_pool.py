@@ -3,14 +3,16 @@
 Every sequence of the batch holds the same number of hot tokens (tokens enter
 from the recent window and leave by demotion in equal numbers per sequence;
 promotions are swaps), so the pool is a dense [batch, heads, slots, head_dim]
-tensor pair plus each slot's token position. The host scores it with the
-full-precision keys while the storage scorer works on the cold pool; the raw
-q.k it computes per query head are also the chosen hot tokens' attention
-logits (selection.py), so the keys are read once per step. Keys are stored
-column-major ([batch, heads, head_dim, slots]): that product, the pool's
-per-layer hot spot, then reads them contiguously (about a third faster on
-the development VM than through a transposed view: docs/decisions.md); a
-small compiled kernel (hot_dots.c) takes it where torch's is slow.
+values tensor, the keys in the layout below, plus each slot's token position.
+The host scores it with the full-precision keys while the storage scorer works
+on the cold pool; the raw q.k it computes per query head are also the chosen
+hot tokens' attention logits (selection.py), so the keys are read once per
+step. Keys are kept in tiles of TILE tokens, each tile's keys dimension-major
+([batch, heads, tiles, head_dim, TILE]): the product, the pool's per-layer hot
+spot, then reads each tile as one contiguous 2-4 KiB run, and the compiled
+kernel (hot_dots.c) takes it at the memory's read speed, twice torch's product
+over a column-major pool on batch-8 shapes, whose head_dim rows a pool apart
+were too many streams for the prefetchers (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch
 
 from kvtier.sparse import _hot_dots
 
+TILE = 16  # tokens per key tile: the kernel's stretch, a 4 KiB run of float32 keys at head_dim 64
+
 
 class HotPool:
     """Hot tokens of one layer for all sequences; slots 0..used-1 are occupied."""
@@ -27,15 +31,11 @@ class HotPool:
     def __init__(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, reserve: int = 0,
                  pin: bool = False) -> None:
         self.pin = pin  # page-locked, for fast copies to a CUDA device
-        self.key_columns = torch.empty(batch, heads, head_dim, reserve, dtype=dtype, pin_memory=pin)
-        self.values = torch.empty(batch, heads, reserve, head_dim, dtype=dtype, pin_memory=pin)
-        self.positions = np.full((batch, reserve), -1, dtype=np.int64)
+        tiles = -(-reserve // TILE)
+        self.key_tiles = torch.empty(batch, heads, tiles, head_dim, TILE, dtype=dtype, pin_memory=pin)
+        self.values = torch.empty(batch, heads, tiles * TILE, head_dim, dtype=dtype, pin_memory=pin)
+        self.positions = np.full((batch, tiles * TILE), -1, dtype=np.int64)
         self.used = 0
-
-    @property
-    def keys(self) -> torch.Tensor:
-        """The keys as [batch, heads, slots, head_dim] (a view: writes through it land in the pool)."""
-        return self.key_columns.transpose(2, 3)
 
     @property
     def capacity(self) -> int:
@@ -46,34 +46,42 @@ class HotPool:
         count = keys.shape[2]
         if self.used + count > self.capacity:
             self.reserve(max(self.used + count, 2 * self.capacity, 64))  # doubling: appends amortize
-        self.keys[:, :, self.used : self.used + count] = keys
+        slots = torch.arange(self.used, self.used + count)
+        self._token_major()[:, :, slots // TILE, slots % TILE] = keys
         self.values[:, :, self.used : self.used + count] = values
         self.positions[:, self.used : self.used + count] = positions
         self.used += count
 
     def reserve(self, slots: int) -> None:
-        """Room for `slots` tokens per sequence."""
+        """Room for `slots` tokens per sequence (rounded up to whole tiles)."""
         if slots <= self.capacity:
             return
-        extra = slots - self.capacity
-        self.key_columns = self._grown(self.key_columns, slots, dim=3)
-        self.values = self._grown(self.values, slots, dim=2)
+        tiles = -(-slots // TILE)
+        extra = tiles * TILE - self.capacity
+        self.key_tiles = self._grown(self.key_tiles, tiles, dim=2)
+        self.values = self._grown(self.values, tiles * TILE, dim=2)
         self.positions = np.concatenate([self.positions, np.full((len(self.positions), extra), -1)], axis=1)
+
+    def _token_major(self) -> torch.Tensor:
+        """The keys as [batch, heads, tiles, TILE, head_dim], a view: slot s is [..., s // TILE, s % TILE, :]."""
+        return self.key_tiles.transpose(3, 4)
 
     def dots(self, query: torch.Tensor) -> torch.Tensor:
         """Raw q.k [batch, heads, Q, used] (float32) for query [batch, heads, Q, head_dim] (float32)."""
-        if compiled_dots(self.key_columns.dtype, query.shape[2]):
+        if compiled_dots(self.key_tiles.dtype):
             return self._compiled_dots(query)
-        columns = self.key_columns[..., : self.used]
-        return torch.matmul(query, columns if columns.dtype == torch.float32 else columns.float())
+        tiles = self.key_tiles[:, :, : -(-self.used // TILE)]
+        tiles = tiles if tiles.dtype == torch.float32 else tiles.float()
+        dots = torch.matmul(query[:, :, None], tiles)  # [batch, heads, tiles, Q, TILE]
+        return dots.transpose(2, 3).flatten(3)[..., : self.used]
 
     def _compiled_dots(self, query: torch.Tensor) -> torch.Tensor:
-        batch, heads, head_dim, capacity = self.key_columns.shape
+        batch, heads, tiles, head_dim, _ = self.key_tiles.shape
         dots = torch.empty(batch, heads, query.shape[2], self.used)
-        bf16 = self.key_columns.dtype == torch.bfloat16
-        keys = self.key_columns.view(torch.int16) if bf16 else self.key_columns
+        bf16 = self.key_tiles.dtype == torch.bfloat16
+        keys = self.key_tiles.view(torch.int16) if bf16 else self.key_tiles
         _hot_dots.dots(keys.numpy(), query.contiguous().numpy(), dots.numpy(), 2 if bf16 else 4, batch * heads,
-                       query.shape[2], head_dim, capacity, self.used)
+                       query.shape[2], head_dim, tiles, self.used)
         return dots
 
     def _grown(self, tensor: torch.Tensor, slots: int, dim: int) -> torch.Tensor:
@@ -87,16 +95,23 @@ class HotPool:
         """Raw inner-product importance [batch, used] for query [batch, heads, Q, head_dim]."""
         return importance(self.dots(query), aggregation)
 
+    def keys_of(self, seq: int, slots: np.ndarray) -> torch.Tensor:
+        """Sequence `seq`'s keys at `slots`, [heads, n, head_dim] (a copy)."""
+        index = torch.from_numpy(slots)
+        return self._token_major()[seq][:, index // TILE, index % TILE]
+
     def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V [batch, heads, k, head_dim] of slots [batch, k]."""
-        index = slots[:, None, :, None].expand(-1, self.keys.shape[1], -1, self.keys.shape[3])
-        return self.keys.gather(2, index), self.values.gather(2, index)
+        """K/V [batch, heads, k, head_dim] of slots [batch, k] (copies)."""
+        rows = torch.arange(len(slots))[:, None]
+        keys = self._token_major()[rows, :, slots // TILE, slots % TILE].transpose(1, 2).contiguous()
+        index = slots[:, None, :, None].expand(-1, self.values.shape[1], -1, self.values.shape[3])
+        return keys, self.values.gather(2, index)
 
     def replace(self, seq: int, slots: np.ndarray, keys: torch.Tensor, values: torch.Tensor,
                 positions: np.ndarray) -> None:
         """Overwrite sequence `seq`'s `slots` with K/V [heads, n, head_dim] of tokens at `positions`."""
         index = torch.from_numpy(slots)
-        self.keys[seq][:, index] = keys
+        self._token_major()[seq][:, index // TILE, index % TILE] = keys
         self.values[seq][:, index] = values
         self.positions[seq, slots] = positions
 
@@ -110,20 +125,19 @@ class HotPool:
         kept = torch.from_numpy(np.nonzero(keep)[1].reshape(len(slots), -1))
         remaining = self.used - slots.shape[1]
         kept_keys, kept_values = self.gather(kept)
-        self.keys[:, :, :remaining], self.values[:, :, :remaining] = kept_keys, kept_values
+        front = torch.arange(remaining)
+        self._token_major()[:, :, front // TILE, front % TILE] = kept_keys
+        self.values[:, :, :remaining] = kept_values
         self.positions[:, :remaining] = np.take_along_axis(self.positions, kept.numpy(), axis=1)
         self.positions[:, remaining : self.used] = -1
         self.used = remaining
         return keys, values, positions
 
 
-def compiled_dots(dtype: torch.dtype, group: int) -> bool:
-    """Whether the compiled kernel (hot_dots.c) takes a pool's q.k: always for bfloat16 keys, and for float32 keys from
-    four query heads per KV head, where it read the pool about twice as fast as torch's product; with fewer, torch's
-    ran at the memory's speed (docs/decisions.md)."""
-    if not _hot_dots.vectorized:
-        return False
-    return dtype == torch.bfloat16 or (dtype == torch.float32 and group >= 4)
+def compiled_dots(dtype: torch.dtype) -> bool:
+    """Whether the compiled kernel (hot_dots.c) takes a pool's q.k: for bfloat16 and float32 keys on a CPU with AVX2
+    and FMA. Torch's product over the tiles is a batch of small matrix products, the fallback elsewhere."""
+    return _hot_dots.vectorized and dtype in (torch.bfloat16, torch.float32)
 
 
 def importance(dots: torch.Tensor, aggregation: str) -> torch.Tensor:

@@ -343,9 +343,8 @@ class SparseLayer(WindowedLayer):
             cold_slots = picks.cold[seq]
             hot_positions = self.hot.positions[seq, : self.hot.used]
             cold_keys, cold_values, _ = cold[seq]
-            victim_index = torch.from_numpy(swaps.victims)
-            victim_keys = self.hot.keys[seq][:, victim_index]
-            victim_values = self.hot.values[seq][:, victim_index]
+            victim_keys = self.hot.keys_of(seq, swaps.victims)
+            victim_values = self.hot.values[seq][:, torch.from_numpy(swaps.victims)]
             victim_positions = hot_positions[swaps.victims].copy()
             promoted = torch.from_numpy(swaps.promote if rows is None else rows[seq][swaps.promote])
             cold_pool.replace_later(self.tier, seq, cold_slots[swaps.promote], victim_keys, victim_values,

@@ -59,10 +59,11 @@ from kvtier.storage import IOEngine
 
 log = logging.getLogger(__name__)
 CALIBRATION_TOKENS = 16384
-CALIBRATION_VERSION = 7  # part of the cache key: bump when `calibrate` measures something new (2: round trip,
+CALIBRATION_VERSION = 8  # part of the cache key: bump when `calibrate` measures something new (2: round trip,
 # 3: host fetch includes placing the tokens, as decode does; 4: the host fetch gathers values only and the
 # scorer scores prepared, dequantized sketches; 5: each scorer request is timed after its preparation;
-# 6: the scorer scores the codes in compiled code; 7: f_s includes the scorer's sketch reads again)
+# 6: the scorer scores the codes in compiled code; 7: f_s includes the scorer's sketch reads again; 8: the hot
+# pool's keys in tiles, scored by the kernel)
 SKEW_ITERATIONS = 4
 PREPARE_PAUSE_S = 0.02  # longer than the scorer takes to prepare a calibration-sized layer
 
