@@ -41,7 +41,8 @@ def test_sparse_decode_on_cuda_matches_dense_at_alpha_one_and_runs_below(tmp_pat
     try:
         sparse = _logits(model, cache, ids, 6)
         layer = cache.layers[0]
-        assert layer.keys.device.type == "cuda" and layer.hot.key_tiles.device.type == "cpu" and layer.hot.key_tiles.is_pinned()
+        keys = layer.hot.key_tiles
+        assert layer.keys.device.type == "cuda" and keys.device.type == "cpu" and keys.is_pinned()
         assert all(t["storage"] > 0 for t in (layer.tier_tokens() for layer in cache.layers))
         assert cache.runtime.scorer.host_scored_requests == 0
     finally:

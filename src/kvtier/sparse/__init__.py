@@ -89,8 +89,8 @@ Decisions and why:
 - Score blocks are 1024 tokens (SparseSettings.score_block_tokens): each block is one numpy call
   in the scorer, and small blocks pay more call overhead than inner products.
 - Cold reads go to the disk as one kernel AIO batch per layer (all sequences), checked with a
-  crc32c per read unit (512 B sectors where O_DIRECT takes them, else 4 KiB; all of a batch in one compiled call); tokens leave the recent
-  window `retire_batch` at a time.
+  crc32c per read unit (512 B sectors where O_DIRECT takes them, else 4 KiB; all of a batch in
+  one compiled call); tokens leave the recent window `retire_batch` at a time.
 - The lookahead's candidates are read and checked by the scorer, not the host: the host's page
   plans, submissions, checks and record cutting were fixed per-layer work on the decoding core
   (docs/decisions.md); the K|V pages' crcs live in the shared segment for it.

@@ -10,8 +10,9 @@ verified K/V records, read by the scorer (candidate_reads.py).
 Fault handling:
 
 - The scorer dies: its end of the response pipe closes, so waiting for its
-  answer sees end of file at once (a request written after its death gets EPIPE). Detection
-  costs no timeout and happens within the step that needed the scores.
+  answer sees end of file at once (a request written after its death gets
+  EPIPE). Detection costs no timeout and happens within the step that needed
+  the scores.
 - The scorer hangs: the wait gives up after `response_timeout_s`, kills it,
   and treats it as dead.
 - The scorer reports a failure (an exception it printed to stderr).
