@@ -3,8 +3,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-BUILD  := pyproject.toml setup.py src/kvtier/storage/crc32c_units.c src/kvtier/sparse/sketch_scores.c src/kvtier/sparse/hot_dots.c \
-          src/kvtier/sparse/summed_query.c src/kvtier/sparse/avx2_module.h
+BUILD  := pyproject.toml setup.py $(sort $(wildcard src/kvtier/*/*.c src/kvtier/*/*.h))
 STAMP  := $(VENV)/.installed-$(shell cat $(BUILD) | cksum | cut -d' ' -f1)
 DEFAULT_MODEL := smollm2-135m
 

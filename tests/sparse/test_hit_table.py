@@ -46,6 +46,7 @@ def test_seed_sets_hits_and_resets_idle():
     assert table.hits.tolist() == [[1, 0, 0, 1, 0], [1, 2, 2, 0, 0]]
     assert table.idle(EVERY, EVERY)[:, 1:].tolist() == [[1, 1, 0, 0], [0, 0, 1, 1]]
     assert table.idle_rows(np.array([[4, 1], [2, 3]])).tolist() == [[0, 1], [0, 1]]
+    assert table.hits_rows(np.array([[3, 4], [2, 3]])).tolist() == [[1, 0], [2, 0]]
 
 
 def test_restore_sets_hits_and_idle_of_the_first_positions():

@@ -48,6 +48,35 @@ def test_naive_policy_follows_this_steps_scores():
     assert swaps.promote.tolist() == [0] and swaps.victims.tolist() == [0]  # 1.0 < 3.0: the second pair is not worth it
 
 
+def test_may_promote_says_which_sequences_have_a_candidate_and_a_victim():
+    table = HitTable(batch=4, capacity=8)
+    table.hits[:] = [[5, 0, 0, 0, 1, 0, 0, 0], [0, 0, 0, 0, 1, 4, 0, 0], [9] * 8, [0, 0, 0, 0, 1, 4, 0, 0]]
+    _set_idle(table, [[0] * 6 + [20] * 2] * 3 + [[0] * 8])  # row 3: every token selected lately, no victim
+    chosen = np.array([[0, 4], [4, 5], [0, 1], [4, 5]])  # per row the hot positions first
+    hot_counts = np.array([1, 1, 2, 1])  # row 0: its many hits are hot; row 1: cold 5 has 4; row 2: no cold choice
+    hot = np.array([[0, 6, 7], [4, 6, 7], [0, 1, 6], [4, 6, 7]])
+    assert HitPolicy(promote_hits=2).may_promote(table, chosen, hot_counts, hot).tolist() == [False, True, False, False]
+    assert HitPolicy(promote_hits=5).may_promote(table, chosen, hot_counts, hot).tolist() == [False] * 4
+    assert HitPolicy(max_moves=0, promote_hits=2).may_promote(table, chosen, hot_counts, hot).tolist() == [False] * 4
+    assert NaivePolicy().may_promote(table, chosen, hot_counts, hot).tolist() == [True, True, False, True]
+
+
+def test_may_promote_rules_out_only_sequences_plan_would_not_swap():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        table = HitTable(batch=4, capacity=64)
+        table.hits[:] = rng.integers(0, 6, size=(4, 64))
+        _set_idle(table, rng.integers(0, 17, size=(4, 64)))  # idle 16 (a victim) is rare
+        chosen = np.stack([rng.permutation(64)[:12] for _ in range(4)])
+        hot_counts = rng.integers(0, 13, size=4)
+        hot = np.stack([np.setdiff1d(np.arange(64), chosen[seq])[:40] for seq in range(4)])
+        policy = HitPolicy(promote_hits=4)
+        for seq, may in enumerate(policy.may_promote(table, chosen, hot_counts, hot)):
+            cold = chosen[seq, hot_counts[seq] :]
+            planned = policy.plan(table, seq, cold, np.zeros(len(cold)), hot[seq], np.zeros(len(hot[seq])))
+            assert may or not len(planned)
+
+
 def test_overflow_victims_are_the_coldest_per_sequence():
     table = HitTable(batch=2, capacity=4)
     table.hits[:] = [[2, 0, 1, 0], [0, 0, 0, 0]]

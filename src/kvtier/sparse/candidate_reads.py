@@ -20,6 +20,7 @@ import numpy as np
 from kvtier.sparse.protocol import CONTROL_AREA, CONTROL_CANDIDATE_READ_BYTES, CONTROL_COLD_TOKENS, Channel
 from kvtier.sparse.record_file import RecordFile
 from kvtier.sparse.slot_reads import submit_slot_reads
+from kvtier.sparse.top_share import top_share
 
 
 class CandidateReader:
@@ -33,7 +34,7 @@ class CandidateReader:
         channel = self.channel
         area, cold_tokens = int(channel.control[CONTROL_AREA]), int(channel.control[CONTROL_COLD_TOKENS])
         scores = channel.results["score"]
-        slots = [np.sort(best(scores[seq, :cold_tokens], int(count))) for seq, count in enumerate(channel.counts)]
+        slots = [best(scores[seq, :cold_tokens], int(count)) for seq, count in enumerate(channel.counts)]
         read = submit_slot_reads(self.own, self.base, channel.overlay, layer, slots, list(range(len(slots))))()
         for seq, (chosen, (records, nbytes)) in enumerate(zip(slots, read)):
             channel.found_slots[area, seq, : len(chosen)] = chosen
@@ -43,7 +44,7 @@ class CandidateReader:
 
 
 def best(scores: np.ndarray, count: int) -> np.ndarray:
-    """Indices of the `count` highest scores (any order)."""
-    if count <= 0:
-        return np.empty(0, dtype=np.int64)
-    return np.argpartition(-scores, count - 1)[:count] if count < len(scores) else np.arange(len(scores))
+    """Indices of the `count` highest scores, ascending (all of them when there are fewer)."""
+    if count >= len(scores):
+        return np.arange(len(scores))
+    return top_share(scores[None], max(count, 0))[0]

@@ -46,7 +46,15 @@ class HitTable:
 
     def idle_rows(self, positions: np.ndarray) -> np.ndarray:
         """`idle` of positions [batch, n], one row per sequence."""
-        return self.idle(self._rows, positions)
+        return np.uint8(self.steps % 256) - self.stamp.reshape(-1)[self._flat(positions)]
+
+    def hits_rows(self, positions: np.ndarray) -> np.ndarray:
+        """`hits` of positions [batch, n], one row per sequence."""
+        return self.hits.reshape(-1)[self._flat(positions)]
+
+    def _flat(self, positions: np.ndarray) -> np.ndarray:
+        """Indices into the flattened table of positions [batch, n]: 1-D indexing costs a third of the 2-D's."""
+        return positions + self._rows * self.hits.shape[1]
 
     def seed(self, positions: np.ndarray, hits: np.ndarray) -> None:
         """Start tokens at `positions` [batch, n] with `hits` [batch, n] (e.g. from prompt attention), idle 0."""
@@ -62,7 +70,7 @@ class HitTable:
     def record(self, selected: np.ndarray) -> None:
         """One decode step: the tokens at `selected` [batch, k] positions were chosen."""
         self.steps += 1
-        flat = (selected + self._rows * self.hits.shape[1]).ravel()  # 1-D indexing: a third of the 2-D's cost
+        flat = self._flat(selected).ravel()
         hits = self.hits.reshape(-1)
         hits[flat] = np.minimum(hits[flat], SATURATED - 1) + 1
         self.stamp.reshape(-1)[flat] = self.steps % 256

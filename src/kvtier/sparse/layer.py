@@ -328,8 +328,9 @@ class SparseLayer(WindowedLayer):
         if policy is None:
             return [NO_SWAPS] * len(picks.cold)
         hot_positions = self.hot.positions[:, : self.hot.used]
+        planning = policy.may_promote(self.table, positions, np.array([len(hot) for hot in picks.hot]), hot_positions)
         return [policy.plan(self.table, seq, cold_positions, cold_scores[seq], hot_positions[seq],
-                            hot_scores[seq]) if len(cold_positions) else NO_SWAPS
+                            hot_scores[seq]) if planning[seq] else NO_SWAPS
                 for seq, cold_positions in enumerate(_cold_part(picks, positions))]
 
     def _apply_swaps(self, plans: list[Swaps], picks: Picks, positions: np.ndarray, cold: list,

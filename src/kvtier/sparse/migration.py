@@ -54,12 +54,24 @@ class HitPolicy:
     idle_steps: int = 16
     price: PromotionPrice | None = None
 
+    def may_promote(self, table: HitTable, chosen: np.ndarray, hot_counts: np.ndarray,
+                    hot_positions: np.ndarray) -> np.ndarray:
+        """Per sequence, whether `plan` can find a candidate and a victim: one check for the whole batch, since most
+        steps promote nothing. `chosen` [batch, k]: each sequence's chosen positions, its `hot_counts[seq]` hot ones
+        first; `hot_positions` [batch, n]: the hot pool's."""
+        if not self.max_moves:
+            return np.zeros(len(chosen), dtype=bool)
+        cold = np.arange(chosen.shape[1]) >= hot_counts[:, None]
+        possible = (cold & (table.hits_rows(chosen) >= self._needed_hits())).any(axis=1)
+        if possible.any():
+            possible &= (table.idle_rows(hot_positions) >= self.idle_steps).any(axis=1)
+        return possible
+
     def plan(self, table: HitTable, seq: int, cold_positions: np.ndarray, cold_scores: np.ndarray,
              hot_positions: np.ndarray, hot_scores: np.ndarray) -> Swaps:
         hits = table.hits[seq]
         candidate_hits = hits[cold_positions].astype(np.int64)
-        needed = self.price.hits(self.promote_hits) if self.price is not None else self.promote_hits
-        candidates = np.flatnonzero(candidate_hits >= needed)
+        candidates = np.flatnonzero(candidate_hits >= self._needed_hits())
         if not len(candidates) or not self.max_moves:  # most steps: skip ranking every hot token
             return NO_SWAPS
         candidates = candidates[np.argsort(-candidate_hits[candidates], kind="stable")]
@@ -72,10 +84,12 @@ class HitPolicy:
         worthwhile = candidate_hits[candidates] > victim_hits[victims]
         return Swaps(candidates[worthwhile], victims[worthwhile])
 
+    def _needed_hits(self) -> int:
+        return self.price.hits(self.promote_hits) if self.price is not None else self.promote_hits
+
     def overflow_victims(self, table: HitTable, hot_positions: np.ndarray, count: int) -> np.ndarray:
         """Hot slots [batch, count] to demote when the pool is over capacity: fewest hits, then longest idle."""
-        hits = np.take_along_axis(table.hits, hot_positions, axis=1)
-        return np.sort(coldest(hits, table.idle_rows(hot_positions), count), axis=1)
+        return np.sort(coldest(table.hits_rows(hot_positions), table.idle_rows(hot_positions), count), axis=1)
 
 
 def coldest(hits: np.ndarray, idle: np.ndarray, count: int) -> np.ndarray:
@@ -92,6 +106,11 @@ def coldest(hits: np.ndarray, idle: np.ndarray, count: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class NaivePolicy(HitPolicy):
+    def may_promote(self, table: HitTable, chosen: np.ndarray, hot_counts: np.ndarray,
+                    hot_positions: np.ndarray) -> np.ndarray:
+        # every chosen cold token is a candidate, every hot token a victim
+        return (hot_counts < chosen.shape[1]) & (self.max_moves > 0) & (hot_positions.shape[1] > 0)
+
     def plan(self, table: HitTable, seq: int, cold_positions: np.ndarray, cold_scores: np.ndarray,
              hot_positions: np.ndarray, hot_scores: np.ndarray) -> Swaps:
         candidates = np.argsort(-cold_scores, kind="stable")

@@ -28,6 +28,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from kvtier.kv.gather import select_columns
+from kvtier.sparse.top_share import top_share
 
 
 @dataclass
@@ -43,13 +44,9 @@ class Picks:
         when the cold scores cover only some of its cold tokens (the lookahead's candidates)."""
         scores = np.concatenate([hot_scores.numpy(), cold_scores.numpy()], axis=1)
         pooled = scores.shape[1] if pooled is None else pooled
-        count = min(math.ceil(alpha * pooled), scores.shape[1])
-        # numpy's partition, then a sort of the chosen: half the time of torch's topk and its copy out (the top
-        # thousand or so of a few thousand, once per layer)
-        chosen = np.sort(np.argpartition(-scores, count - 1, axis=1)[:, :count], axis=1) if count \
-            else np.empty((len(scores), 0), dtype=np.int64)
+        chosen = top_share(scores, min(math.ceil(alpha * pooled), scores.shape[1]))
         hot_used = hot_scores.shape[1]
-        splits = [int(np.searchsorted(row, hot_used)) for row in chosen]
+        splits = (chosen < hot_used).sum(axis=1).tolist()  # ascending rows: the hot slots come first
         return cls([row[:split] for row, split in zip(chosen, splits)],
                    [row[split:] - hot_used for row, split in zip(chosen, splits)])
 
