@@ -13,7 +13,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 /* The k-th largest (k from 0) of values[0..n), which it reorders: Hoare's selection with a middle pivot. */
 static float kth_largest(float *values, Py_ssize_t n, Py_ssize_t k) {
