@@ -42,11 +42,15 @@ class HitTable:
 
     def idle(self, rows: int | np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Steps since the tokens at [rows, positions] were last selected or seeded (uint8)."""
-        return np.uint8(self.steps % 256) - self.stamp[rows, positions]
+        return self._since(self.stamp[rows, positions])
 
     def idle_rows(self, positions: np.ndarray) -> np.ndarray:
         """`idle` of positions [batch, n], one row per sequence."""
-        return np.uint8(self.steps % 256) - self.stamp.reshape(-1)[self._flat(positions)]
+        return self._since(self.stamp.reshape(-1)[self._flat(positions)])
+
+    def _since(self, stamps: np.ndarray) -> np.ndarray:
+        """Steps since `stamps` (uint8, wrapping as the stamps do)."""
+        return np.uint8(self.steps % 256) - stamps
 
     def hits_rows(self, positions: np.ndarray) -> np.ndarray:
         """`hits` of positions [batch, n], one row per sequence."""
