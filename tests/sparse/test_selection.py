@@ -57,7 +57,8 @@ def test_picks_take_the_top_alpha_share_and_split_hot_from_cold():
 @pytest.mark.parametrize("seed, hot_picks, cold_picks", [(2, [[1, 4, 7, 19], [0, 2]], [[3], [0, 5, 8]]),
                                                         (3, [[1, 4, 7, 19], [0, 2]], [[3], [0, 5, 8]]),
                                                         (4, [[1, 4, 7], [0, 2, 11]], [[3, 4], [0, 8]]),
-                                                        (5, [[], [0, 2, 11]], [[3, 4, 6], [0]])])
+                                                        (5, [[], [0, 2, 11]], [[3, 4, 6], [0]]),
+                                                        (6, [[1, 4, 7, 19], [0, 2, 5, 11]], [[], [0]])])
 def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed, hot_picks, cold_picks):
     """Hot and cold counts differ between the sequences (padded) or not (stacked as picked or fetched)."""
     gen = torch.Generator().manual_seed(seed)
