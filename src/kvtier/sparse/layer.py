@@ -30,7 +30,6 @@ Life of a layer:
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -45,6 +44,7 @@ from kvtier.sparse.hot_pool import HotPool, importance
 from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
 from kvtier.sparse.placement import observation_importance, seed_hits, split_hot_cold
 from kvtier.sparse.selection import Picks, Segment, cold_fetched, exact_attention, hot_chosen, window_segment
+from kvtier.sparse.stats import PhaseClock
 
 if TYPE_CHECKING:
     from kvtier.sparse.runtime import SparseRuntime
@@ -191,13 +191,12 @@ class SparseLayer(WindowedLayer):
         the layer scores them with its own query and chooses among hot pool and candidates at once. `inner`
         (the model's own attention) is not needed: the hot scores are the logits.
         """
-        runtime, step = self.runtime, self.runtime.stats.current
-        settling = time.perf_counter()
+        runtime, step, clock = self.runtime, self.runtime.stats.current, PhaseClock()
         candidates = runtime.lookahead.take(self.tier) if runtime.lookahead is not None else None
-        taken = time.perf_counter()
+        clock.lap("take")
         if candidates is None:
             runtime.cold.settle(self.tier)  # last step's moves of this layer: normally on disk long since
-        started = time.perf_counter()
+        clock.lap("settle")
         cold_count = int(runtime.cold.used[self.tier])
         grouped = runtime.grouped_query(query)
         if candidates is None and cold_count:
@@ -206,55 +205,52 @@ class SparseLayer(WindowedLayer):
             self._look_ahead()  # the scorer is idle: the next layer's predicted query goes to it now
         hot_dots = self.hot.dots(grouped)
         hot_scores = importance(hot_dots, runtime.settings.aggregation)
-        host_scored = time.perf_counter()
+        clock.lap("hot scores")
         window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
-        windowed = time.perf_counter()
-        if candidates is None:
-            landed, read_wait = windowed, 0.0  # nothing prefetched: the wait for the scorer's answer is scoring
+        clock.lap("window")
+        if candidates is None:  # nothing prefetched: the wait for the scorer's answer is scoring
             cold_scores = torch.from_numpy(runtime.scorer.scores()) if cold_count else hot_scores.new_empty(len(query), 0)
-            cold_scored = time.perf_counter()
+            clock.lap("cold scores")
             picks = Picks.top(hot_scores, cold_scores, runtime.settings.alpha)
             chosen_scores = [row[slots] for row, slots in zip(cold_scores.numpy(), picks.cold)]
-            chosen = time.perf_counter()
+            clock.lap("choice")
             wait_cold = runtime.cold.submit_fetch(self.tier, picks.cold)
             self._look_ahead()  # after this layer's reads are queued: they go first
+            clock.lap("submit")
             rows = None
         else:
-            fetched = candidates.fetched
-            landed, read_wait = windowed, taken - settling  # the candidates were waited for when taken
-            picks, rows, chosen_scores, cold_segment = self._pick_among(candidates.slots, fetched, grouped, hot_scores,
+            cold = candidates.fetched
+            picks, rows, chosen_scores, cold_segment = self._pick_among(candidates.slots, cold, grouped, hot_scores,
                                                                         cold_count)
-            cold = fetched
-            cold_scored = chosen = time.perf_counter()
-        submitted = time.perf_counter()
+            clock.lap("cold scores")
         positions = self._chosen_positions(picks)
         swaps = self._plan_swaps(picks, positions, hot_scores.numpy(), chosen_scores)
-        planned = time.perf_counter()
+        clock.lap("plan")
         hot = self._hot_segment(hot_dots, picks)
-        segmented = time.perf_counter()
+        clock.lap("hot segment")
         if candidates is None:
             cold = wait_cold()
             cold_segment = self._cold_segment(grouped, picks, positions, cold)
-        cold_fetched = time.perf_counter()
+        clock.lap("cold reads")
         scaling = kwargs.get("scaling")
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         output = exact_attention([window, hot, cold_segment], query, scaling, attention_mask, kwargs.get("softcap"))
-        attended = time.perf_counter()
-        runtime.promotion_price.observe_fetch(read_wait + submitted - chosen + cold_fetched - segmented, picks.cold_count)
+        clock.lap("softmax")
+        fetch = clock.part("fetch_s")
+        runtime.promotion_price.observe_fetch(fetch, picks.cold_count)
         if runtime.on_attend is not None:
             self._report_attended(positions)
         self._apply_swaps(swaps, picks, positions, cold, rows)
         self.cold_picked = np.array([len(slots) for slots in picks.cold])
         self.retire()
+        clock.lap("after")
         if step is not None:
-            step.score_s += host_scored - started + chosen - landed
-            fetch = taken - settling + landed - windowed + submitted - chosen + cold_fetched - segmented
-            step.fetch_s += fetch
+            clock.charge(step)
             step.unpredicted_fetch_s += fetch if candidates is None else 0.0
-            step.attention_s += windowed - host_scored + segmented - planned + attended - cold_fetched
-            step.migrate_s += started - taken + planned - submitted + time.perf_counter() - attended
-            step.host_time_s += host_scored - started
-            step.storage_time_s += (cold_scored - started if cold_count else 0.0) + cold_fetched - segmented
+            phases = clock.seconds
+            step.host_time_s += phases["hot scores"]
+            scorer_round_trip = phases["hot scores"] + phases["window"] + phases["cold scores"] if cold_count else 0.0
+            step.storage_time_s += scorer_round_trip + phases["cold reads"]
             step.selected_hot += picks.hot_count
             step.selected_cold += picks.cold_count
             step.pooled_hot += self.hot.used * len(query)

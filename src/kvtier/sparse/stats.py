@@ -15,6 +15,21 @@ from dataclasses import asdict, dataclass, field
 log = logging.getLogger(__name__)
 
 PARTS = ("score_s", "fetch_s", "attention_s", "migrate_s")
+# The phases of a layer's decode step (SparseLayer.attend, in its order) and the part each is charged to.
+PHASE_PARTS = {
+    "take": "fetch_s",  # the wait for the candidates read ahead (lookahead)
+    "settle": "migrate_s",  # the wait for last step's writes of this layer
+    "hot scores": "score_s",  # the request to the scorer, the hot pool's q.k
+    "window": "attention_s",  # the window's logits
+    "cold scores": "score_s",  # the wait for the scorer's cold scores, or the candidates' own
+    "choice": "score_s",  # the top-alpha
+    "submit": "fetch_s",  # the cold reads queued
+    "plan": "migrate_s",  # the hit table, the swaps planned
+    "hot segment": "attention_s",  # the chosen hot values copied out
+    "cold reads": "fetch_s",  # the wait for the cold reads, their logits
+    "softmax": "attention_s",
+    "after": "migrate_s",  # the swaps, the window's retirements
+}
 
 
 @dataclass
@@ -42,6 +57,28 @@ class StepStats:
     demotions: int = 0
     lookahead_layers: int = 0  # layers whose cold candidates were prefetched with a predicted query
     unpredicted_fetch_s: float = 0.0  # the part of fetch_s spent in the other layers (their reads on the critical path)
+
+
+class PhaseClock:
+    """Times one layer's decode step as consecutive phases (PHASE_PARTS): each `lap` ends the running phase, so
+    every moment from the clock's start to its last lap belongs to exactly one phase."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PHASE_PARTS, 0.0)
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] += now - self._last
+        self._last = now
+
+    def part(self, part: str) -> float:
+        return sum(seconds for phase, seconds in self.seconds.items() if PHASE_PARTS[phase] == part)
+
+    def charge(self, step: StepStats) -> None:
+        """Add each phase to its part of `step`."""
+        for part in PARTS:
+            setattr(step, part, getattr(step, part) + self.part(part))
 
 
 @dataclass

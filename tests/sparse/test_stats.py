@@ -1,0 +1,46 @@
+"""The step breakdown: a layer's phases each charged to one part; the rest is the step's wall time minus the parts."""
+
+import itertools
+
+import pytest
+
+from kvtier.sparse import stats
+from kvtier.sparse.stats import PHASE_PARTS, PARTS, PhaseClock, SparseStats, StepStats
+
+
+@pytest.fixture
+def ticks(monkeypatch):
+    """perf_counter reads 0, 1, 3, 6, 10, ... seconds: the n-th interval lasts n seconds."""
+    times = itertools.accumulate(itertools.count())
+    monkeypatch.setattr(stats.time, "perf_counter", lambda: float(next(times)))
+
+
+def test_each_lap_ends_the_running_phase_and_a_phase_may_recur(ticks):
+    clock = PhaseClock()  # 0
+    clock.lap("take")  # 1: 1 s
+    clock.lap("hot scores")  # 3: 2 s
+    clock.lap("take")  # 6: 3 s more
+    assert clock.seconds["take"] == 4.0 and clock.seconds["hot scores"] == 2.0
+    assert sum(clock.seconds.values()) == 6.0  # every moment since the start, once
+
+
+def test_charging_adds_each_phase_to_its_part(ticks):
+    clock = PhaseClock()
+    for phase in PHASE_PARTS:  # in the step's order, the n-th lasting n seconds
+        clock.lap(phase)
+    step = StepStats(step=0, fetch_s=0.5)
+    clock.charge(step)
+    expected = {part: 0.0 for part in PARTS}
+    for seconds, phase in enumerate(PHASE_PARTS, start=1):
+        expected[PHASE_PARTS[phase]] += seconds
+    expected["fetch_s"] += 0.5  # added to what the step held
+    assert {part: getattr(step, part) for part in PARTS} == expected
+    assert set(PHASE_PARTS.values()) == set(PARTS)  # every part has a phase
+
+
+def test_the_rest_is_the_wall_time_minus_the_parts(ticks):
+    recorded = SparseStats()
+    step = recorded.open_step()  # opened at 0
+    step.score_s, step.attention_s = 0.25, 0.5
+    recorded.finish()  # closed at 1
+    assert step.total_s == 1.0 and step.rest_s == 0.25
