@@ -118,33 +118,43 @@ static inline __m256 group_scale(const uint8_t *record, int index) {
     return _mm256_set1_ps(_cvtsh_ss(half));
 }
 
-/* One query per KV head (the "sum" aggregation's summed query, or a model without GQA): two accumulators in
-   registers, a horizontal sum per head. */
+__attribute__((target("avx2,fma,f16c")))
+static inline __m256 eight_codes(const int8_t *group, int k) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(group + k))));
+}
+
+/* One query per KV head (the "sum" aggregation's summed query, or a model without GQA): each group's codes are
+   dotted with the query unscaled, in two accumulators, and the group's scale applied once to the sum; the heads
+   share one vector and one horizontal sum unless their maximum is wanted. */
 __attribute__((target("avx2,fma,f16c")))
 static float token_score_single(const uint8_t *record, const float *query, const Format *fmt, int8_t *unpacked) {
     int groups_per_head = fmt->head_dim / fmt->group, groups = fmt->heads * groups_per_head;
     const uint8_t *codes = record + 2 * (size_t)groups;
-    float total = 0.0f, best = -INFINITY;
+    __m256 total = _mm256_setzero_ps();
+    float best = -INFINITY;
     for (int h = 0; h < fmt->heads; h++) {
-        __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+        __m256 head = _mm256_setzero_ps();
         for (int g = 0; g < groups_per_head; g++) {
             int index = h * groups_per_head + g;
-            __m256 scale = group_scale(record, index);
             const int8_t *group = group_codes(codes, fmt, index, unpacked);
             const float *at = query + (size_t)index * fmt->group;
-            for (int k = 0; k < fmt->group; k += 8) {
-                __m256 product = _mm256_mul_ps(scaled_codes(group, k, scale), _mm256_loadu_ps(at + k));
-                if (k & 8)
-                    odd = _mm256_add_ps(odd, product);
-                else
-                    even = _mm256_add_ps(even, product);
+            __m256 even = _mm256_mul_ps(eight_codes(group, 0), _mm256_loadu_ps(at));
+            __m256 odd = _mm256_setzero_ps();
+            for (int k = 8; k + 8 <= fmt->group; k += 16) {
+                odd = _mm256_fmadd_ps(eight_codes(group, k), _mm256_loadu_ps(at + k), odd);
+                if (k + 16 <= fmt->group)
+                    even = _mm256_fmadd_ps(eight_codes(group, k + 8), _mm256_loadu_ps(at + k + 8), even);
             }
+            head = _mm256_fmadd_ps(_mm256_add_ps(even, odd), group_scale(record, index), head);
         }
-        float dot = horizontal_sum(_mm256_add_ps(even, odd));
-        total += dot;
-        best = dot > best ? dot : best;
+        if (fmt->take_max) {
+            float dot = horizontal_sum(head);
+            best = dot > best ? dot : best;
+        } else {
+            total = _mm256_add_ps(total, head);
+        }
     }
-    return fmt->take_max ? best : total;
+    return fmt->take_max ? best : horizontal_sum(total);
 }
 
 /* Several queries per KV head ("max" under GQA): each group's codes are converted once for all of them. */
