@@ -106,9 +106,13 @@ static inline float horizontal_sum(__m256 v) {
 }
 
 __attribute__((target("avx2,fma,f16c")))
+static inline __m256 eight_codes(const int8_t *group, int k) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(group + k))));
+}
+
+__attribute__((target("avx2,fma,f16c")))
 static inline __m256 scaled_codes(const int8_t *group, int k, __m256 scale) {
-    __m128i packed = _mm_loadl_epi64((const __m128i *)(group + k));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(packed)), scale);
+    return _mm256_mul_ps(eight_codes(group, k), scale);
 }
 
 __attribute__((target("avx2,fma,f16c")))
@@ -116,11 +120,6 @@ static inline __m256 group_scale(const uint8_t *record, int index) {
     uint16_t half;
     memcpy(&half, record + 2 * (size_t)index, sizeof half);
     return _mm256_set1_ps(_cvtsh_ss(half));
-}
-
-__attribute__((target("avx2,fma,f16c")))
-static inline __m256 eight_codes(const int8_t *group, int k) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(group + k))));
 }
 
 /* One query per KV head (the "sum" aggregation's summed query, or a model without GQA): each group's codes are

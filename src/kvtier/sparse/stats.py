@@ -77,8 +77,9 @@ class PhaseClock:
 
     def charge(self, step: StepStats) -> None:
         """Add each phase to its part of `step`."""
-        for part in PARTS:
-            setattr(step, part, getattr(step, part) + self.part(part))
+        for phase, seconds in self.seconds.items():
+            part = PHASE_PARTS[phase]
+            setattr(step, part, getattr(step, part) + seconds)
 
 
 @dataclass
