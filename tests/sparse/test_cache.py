@@ -6,13 +6,14 @@ import signal
 import numpy as np
 import pytest
 import torch
+import tiny_models
 
 from kvtier.errors import ConfigError
 from kvtier.kv.contract import tier_bytes
 from kvtier.kv.geometry import full_attention_layers
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import make_sparse_cache
-from kvtier.sparse.layer import SparseLayer
+from kvtier.sparse.layer import MAX_AHEAD, SparseLayer
 from kvtier.sparse.settings import SparseSettings
 
 
@@ -287,7 +288,7 @@ def test_layers_with_small_cold_pools_keep_the_exact_path(tiny_llama, tmp_path):
         _run(tiny_llama, cache, ids, 4)
         summary = cache.stats.summary()
         assert summary["pooled_cold"] > 0 and summary["selected_cold"] > 0
-        assert summary["lookahead_layers"] == 0 and cache.runtime.lookahead.in_flight is None
+        assert summary["lookahead_layers"] == 0 and cache.runtime.lookahead.in_flight == ()
         assert summary["unpredicted_fetch_s"] == summary["fetch_s"] > 0  # every layer read on the critical path
     finally:
         cache.close()
@@ -305,6 +306,23 @@ def test_a_step_that_fails_with_a_prefetch_in_flight_still_closes_cleanly(tiny_l
     cache.watch_attended(fail_after_the_first_layer)
     with pytest.raises(RuntimeError, match="injected"), torch.inference_mode():
         tiny_llama(input_ids=ids[:, -1:], cache=cache)
-    assert cache.runtime.lookahead.in_flight == 1  # left in flight by the failed step
+    assert cache.runtime.lookahead.in_flight[:1] == (1,)  # left in flight by the failed step
     cache.close()
     assert not list(tmp_path.iterdir())
+
+
+def test_layers_whose_candidates_come_late_are_asked_for_earlier_and_stay_exact(tmp_path, monkeypatch):
+    model = tiny_models.tiny_llama(num_hidden_layers=5)
+    monkeypatch.setattr("kvtier.sparse.layer.LATE_WAIT_S", -1.0)  # every wait counts as late
+    ids = _ids(1, 200, 16)
+    cache = _sparse(model, tmp_path, 220, alpha=1.0, **LOOKAHEAD)
+    in_flight = []
+    cache.watch_attended(lambda _layer, _positions: in_flight.append(len(cache.runtime.lookahead.in_flight)))
+    try:
+        sparse = _run(model, cache, ids, 6)
+        tiers = sorted((layer for layer in cache.layers if isinstance(layer, SparseLayer)), key=lambda l: l.tier)
+        assert [layer.ahead for layer in tiers] == [1] + [MAX_AHEAD] * 4  # tier 0 is not predicted
+        assert max(in_flight) == MAX_AHEAD  # while a layer attends, the next three layers' requests are out
+    finally:
+        cache.close()
+    _assert_dense_equivalent(sparse, _dense(model, ids, 6))

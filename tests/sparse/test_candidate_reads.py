@@ -10,10 +10,10 @@ import torch
 from kvtier.errors import ChecksumError
 from kvtier.sparse.candidate_reads import CandidateReader, best
 from kvtier.sparse.cold_pool import ColdPool, kv_record_bytes
-from kvtier.sparse.protocol import CONTROL_CANDIDATE_READ_BYTES, CONTROL_COLD_TOKENS, Channel, ChannelSpec
+from kvtier.sparse.protocol import AREAS, CONTROL_CANDIDATE_READ_BYTES, Channel, ChannelSpec
 from kvtier.sparse.record_file import RecordFile, RecordLayout
 from kvtier.sparse.scorer_client import ScorerClient
-from kvtier.sparse.sketch import SketchFormat
+from kvtier.sparse.sketch import SketchFormat, quantize, score
 from kvtier.storage import IOEngine
 from kvtier.storage.checksum import PageChecksums
 
@@ -45,12 +45,13 @@ def _query(seed):
     return np.random.default_rng(seed).standard_normal((BATCH, HEADS, 1, HEAD_DIM)).astype(np.float32)
 
 
-def _check(channel, cold, found, kv, layer, counts):
-    """Each sequence got its `counts` best-scored slots, ascending, with the K/V written there."""
+def _check(cold, found, kv, layer, query, counts):
+    """Each sequence got the `counts` slots its sketches score best under `query`, ascending, with the K/V written
+    there."""
     keys, values = kv[layer]
-    scores = channel.results["score"][:, :TOKENS]
     for seq, (slots, records, nbytes) in enumerate(found):
-        assert slots.tolist() == sorted(np.argsort(-scores[seq], kind="stable")[: counts[seq]].tolist())
+        scores = score(quantize(keys[seq].transpose(0, 1).numpy(), FMT), query[seq], FMT, "sum")
+        assert slots.tolist() == sorted(np.argsort(-scores, kind="stable")[: counts[seq]].tolist())
         got_keys, got_values, _ = cold.tokens(slots, records, nbytes)
         torch.testing.assert_close(got_keys, keys[seq][:, slots])
         torch.testing.assert_close(got_values, values[seq][:, slots])
@@ -62,7 +63,7 @@ def test_the_scorer_reads_each_sequences_best_candidates(pool):
     counts = np.array([ROOM, 7])
     client.request(1, _query(1), TOKENS, counts)
     found = client.candidates()
-    _check(channel, cold, found, kv, 1, counts)
+    _check(cold, found, kv, 1, _query(1), counts)
     assert channel.control[CONTROL_CANDIDATE_READ_BYTES] == sum(nbytes for _, _, nbytes in found)
     assert client.host_scored_requests == 0 and client.process.poll() is None
 
@@ -106,7 +107,42 @@ def test_a_scorer_killed_mid_request_leaves_the_host_the_same_candidates(pool):
     client.request(1, _query(5), TOKENS, counts)
     found = client.candidates()
     assert client.host_scored_requests == 1
-    _check(channel, cold, found, kv, 1, counts)
+    _check(cold, found, kv, 1, _query(5), counts)
+
+
+def test_requests_sent_before_the_first_is_answered_are_answered_in_order(pool):
+    _, cold, client, kv = pool
+    counts = np.array([11, 30])
+    layers = [layer % LAYERS for layer in range(AREAS)]
+    for seed, layer in enumerate(layers):  # each sent while the scorer may still read the ones before
+        client.request(layer, _query(seed), TOKENS, counts)
+    with pytest.raises(RuntimeError, match=f"{AREAS} requests unanswered"):
+        client.request(0, _query(9), TOKENS, counts)
+    for seed, layer in enumerate(layers):
+        _check(cold, client.candidates(), kv, layer, _query(seed), counts)
+    assert client.host_scored_requests == 0
+
+
+@pytest.mark.parametrize("death", ["before the requests", "inside the first"])
+def test_a_scorer_that_dies_with_two_requests_sent_answers_both_the_same(pool, death):
+    channel, cold, client, kv = pool
+    if death == "inside the first":  # a scorer that kills itself in the first request's second sequence
+        client.close()
+        client = ScorerClient(channel, cold.sketches.path, cold.sketches.layout, FMT, "sum", 128, io_threads=2,
+                              crash_after_blocks=6, kv={"path": cold.kv.path, "layout": cold.kv.layout.to_dict(),
+                                                        "page": cold.kv.page})
+    else:
+        os.kill(client.process.pid, signal.SIGKILL)
+        client.process.wait()
+    counts = np.array([ROOM, 5])
+    try:
+        client.request(1, _query(10), TOKENS, counts)
+        client.request(0, _query(11), TOKENS, counts)
+        _check(cold, client.candidates(), kv, 1, _query(10), counts)  # done on the host
+        _check(cold, client.candidates(), kv, 0, _query(11), counts)  # sent again to the replacement
+        assert client.host_scored_requests == 1 and client.restarts == 1
+    finally:
+        client.close()
 
 
 def test_more_candidates_than_the_channel_holds_are_refused(pool):
@@ -136,9 +172,9 @@ def test_candidates_are_read_where_their_bytes_lie_the_run_or_a_stored_image(tmp
         rewritten = np.array([3, 10, 11])  # slots the run has written since: they are read from its own file
         own.write_records(0, 0, rewritten, own_records[rewritten])
         channel.overlay[0, 0, rewritten] = 1
-        channel.results["score"][0, :64] = np.arange(64)[::-1]  # slot 0 best
-        channel.control[CONTROL_COLD_TOKENS], channel.counts[0] = 64, 12
-        CandidateReader(channel, own, image).read(0)
+        channel.results["score"][0, 0, :64] = np.arange(64)[::-1]  # request area 0's: slot 0 best
+        channel.counts[0, 0] = 12
+        CandidateReader(channel, 0, own, image).submit(0, 64)()
         expected = image_records[:12].copy()
         expected[rewritten[rewritten < 12]] = own_records[rewritten[rewritten < 12]]
         assert channel.found_slots[0, 0, :12].tolist() == list(range(12))

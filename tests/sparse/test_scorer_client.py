@@ -29,15 +29,15 @@ def pool(tmp_path):
         for seq in range(BATCH):
             file.write_records(layer, seq, np.arange(TOKENS), quantize(keys[layer, seq], FMT))
             channel.positions[layer, seq, :TOKENS] = np.arange(TOKENS) * 3 + seq  # any labels will do
-    channel.query[:] = rng.standard_normal(channel.query.shape)
-    yield channel, file, keys
+    query = rng.standard_normal(channel.query.shape[1:]).astype(np.float32)
+    yield channel, file, keys, query
     file.remove()
     io.close()
     channel.close()
 
 
-def _expected(channel, keys, layer, seq):
-    return score(quantize(keys[layer, seq], FMT), channel.query[seq], FMT, "sum")
+def _expected(query, keys, layer, seq):
+    return score(quantize(keys[layer, seq], FMT), query[seq], FMT, "sum")
 
 
 def _client(channel, file, **options):
@@ -45,16 +45,18 @@ def _client(channel, file, **options):
 
 
 def test_scores_stream_back_as_position_score_blocks(pool):
-    channel, file, keys = pool
+    channel, file, keys, query = pool
     client = _client(channel, file)
     try:
-        client.request(1, channel.query, TOKENS)
-        client.scores()
+        client.request(1, query, TOKENS)
+        scores = client.scores()
+        area = 1  # the first request's
         for seq in range(BATCH):
-            results = channel.results[seq, :TOKENS]
-            np.testing.assert_array_equal(results["score"], _expected(channel, keys, 1, seq))
+            results = channel.results[area, seq, :TOKENS]
+            np.testing.assert_array_equal(scores[seq], _expected(query, keys, 1, seq))
+            np.testing.assert_array_equal(results["score"], scores[seq])
             np.testing.assert_array_equal(results["position"], np.arange(TOKENS) * 3 + seq)
-        assert list(channel.progress) == [-(-TOKENS // BLOCK)] * BATCH
+        assert list(channel.progress[area]) == [-(-TOKENS // BLOCK)] * BATCH
         assert channel.control[CONTROL_SCORER_READ_BYTES] >= BATCH * TOKENS * FMT.record_bytes
         assert client.host_scored_requests == 0 and client.process.poll() is None
     finally:
@@ -64,7 +66,7 @@ def test_scores_stream_back_as_position_score_blocks(pool):
 
 
 def test_an_empty_request_is_a_cheap_round_trip(pool):
-    channel, file, _ = pool
+    channel, file, _, _ = pool
     client = _client(channel, file)
     try:
         assert client.round_trip_s(repeats=20) < 0.5  # a sanity bound only; the benchmark reports the real figure
@@ -74,82 +76,82 @@ def test_an_empty_request_is_a_cheap_round_trip(pool):
 
 
 def test_a_killed_scorer_is_noticed_replaced_and_its_layer_scored_on_the_host(pool):
-    channel, file, keys = pool
+    channel, file, keys, query = pool
     client = _client(channel, file)
     try:
         first = client.process
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
-        client.request(0, channel.query, TOKENS)
-        client.scores()
-        np.testing.assert_array_equal(channel.results[1, :TOKENS]["score"], _expected(channel, keys, 0, 1))
+        client.request(0, query, TOKENS)
+        scores = client.scores()
+        np.testing.assert_array_equal(scores[1], _expected(query, keys, 0, 1))
         assert client.host_scored_requests == 1 and client.restarts == 1
         assert client.process is not first and client.process.poll() is None
-        client.request(1, channel.query, TOKENS)  # the replacement serves the next request
-        client.scores()
-        np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"], _expected(channel, keys, 1, 0))
+        client.request(1, query, TOKENS)  # the replacement serves the next request
+        scores = client.scores()
+        np.testing.assert_array_equal(scores[0], _expected(query, keys, 1, 0))
         assert client.host_scored_requests == 1
     finally:
         client.close()
 
 
 def test_a_scorer_dying_mid_request_is_resumed_from_its_last_block(pool):
-    channel, file, keys = pool
+    channel, file, keys, query = pool
     client = _client(channel, file, crash_after_blocks=5)  # dies inside sequence 0's blocks
     try:
-        client.request(1, channel.query, TOKENS)
-        client.scores()
+        client.request(1, query, TOKENS)
+        scores = client.scores()
         assert client.host_scored_requests == 1
         for seq in range(BATCH):
-            np.testing.assert_array_equal(channel.results[seq, :TOKENS]["score"], _expected(channel, keys, 1, seq))
+            np.testing.assert_array_equal(scores[seq], _expected(query, keys, 1, seq))
     finally:
         client.close()
 
 
 def test_after_max_restarts_the_host_keeps_scoring(pool):
-    channel, file, keys = pool
+    channel, file, keys, query = pool
     client = _client(channel, file, max_restarts=0)
     try:
         os.kill(client.process.pid, signal.SIGKILL)
         client.process.wait()
         for layer in (0, 1):
-            client.request(layer, channel.query, TOKENS)
-            client.scores()
-            np.testing.assert_array_equal(channel.results[0, :TOKENS]["score"], _expected(channel, keys, layer, 0))
+            client.request(layer, query, TOKENS)
+            scores = client.scores()
+            np.testing.assert_array_equal(scores[0], _expected(query, keys, layer, 0))
         assert client.process is None and client.host_scored_requests == 2
     finally:
         client.close()
 
 
 def test_a_replacement_that_does_not_start_leaves_the_host_scoring(pool, monkeypatch):
-    channel, file, keys = pool
+    channel, file, keys, query = pool
     client = _client(channel, file)
     try:
         os.kill(client.process.pid, signal.SIGKILL)
         client.process.wait()
         monkeypatch.setattr("kvtier.sparse.scorer_client.sys.executable", "/bin/false")  # the restart exits at once
         for layer in (0, 1):
-            client.request(layer, channel.query, TOKENS)
-            client.scores()
-            np.testing.assert_array_equal(channel.results[1, :TOKENS]["score"], _expected(channel, keys, layer, 1))
+            client.request(layer, query, TOKENS)
+            scores = client.scores()
+            np.testing.assert_array_equal(scores[1], _expected(query, keys, layer, 1))
         assert client.process is None and client.restarts == 1 and client.host_scored_requests == 2
     finally:
         client.close()
 
 
 def test_memory_budget_keeps_sketches_until_the_layer_is_rewritten(pool):
-    channel, file, keys = pool
+    channel, file, keys, query = pool
     client = _client(channel, file, memory_budget=10 * 2**20)
     try:
         for _ in range(2):
-            client.request(0, channel.query, TOKENS)
+            client.request(0, query, TOKENS)
             client.scores()
         read_once = channel.control[CONTROL_SCORER_READ_BYTES]
         assert read_once == BATCH * file.layout.prefix_bytes(TOKENS)  # the second request came from memory
         channel.versions[0] += 1  # the host rewrote layer 0
-        client.request(0, channel.query, TOKENS)
-        client.scores()
+        client.request(0, query, TOKENS)
+        scores = client.scores()
         assert channel.control[CONTROL_SCORER_READ_BYTES] == 2 * read_once
-        np.testing.assert_array_equal(channel.results[1, :TOKENS]["score"], _expected(channel, keys, 0, 1))
+        np.testing.assert_array_equal(scores[1], _expected(query, keys, 0, 1))
     finally:
         client.close()

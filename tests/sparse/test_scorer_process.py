@@ -36,3 +36,13 @@ def test_a_request_before_any_answer_changes_nothing():
     timing = PrepareTiming(_Clock())
     timing.arrived(read_s=60.0)
     assert timing.slack_s == 0.0
+
+
+def test_a_request_that_comes_before_the_last_answer_counts_the_scorer_behind():
+    clock = _Clock()
+    timing = PrepareTiming(clock)
+    _request(timing, clock, gap_s=0.010, read_s=0.004)  # time to spare: reads follow the answer
+    assert not timing.overlap()
+    for _ in range(3):
+        timing.arrived(read_s=0.004, busy=True)  # queued behind a request still waiting for its reads
+    assert timing.overlap()

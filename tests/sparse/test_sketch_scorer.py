@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from kvtier.sparse.protocol import CONTROL_COLD_TOKENS, CONTROL_SCORER_READ_BYTES, Channel, ChannelSpec
+from kvtier.sparse.protocol import CONTROL_SCORER_READ_BYTES, Channel, ChannelSpec
 from kvtier.sparse.record_file import RecordFile, RecordLayout, open_for_reading
 from kvtier.sparse.sketch import SketchFormat, quantize, score
 from kvtier.sparse.sketch_scorer import SketchScorer
@@ -28,7 +28,6 @@ def scorer(tmp_path):
             file.write_records(layer, 0, np.arange(TOKENS), quantize(keys[layer], FMT))
         channel.cold_used[:] = TOKENS
         channel.query[:] = rng.standard_normal(channel.query.shape)
-        channel.control[CONTROL_COLD_TOKENS] = TOKENS
         fd, _ = open_for_reading(file.path)
         sketch_scorer = SketchScorer(fd, layout, FMT, channel, "sum", 64, io)
         yield sketch_scorer, channel, file, keys
@@ -42,12 +41,12 @@ def _read_bytes(channel):
 
 
 def _scores(channel):
-    return channel.results[0, :TOKENS]["score"].copy()
+    return channel.results[0, 0, :TOKENS]["score"].copy()  # request area 0's, sequence 0's
 
 
 def _expected(layer_keys, channel):
     """What sequence 0's scores must be for a layer holding `layer_keys`."""
-    return score(quantize(layer_keys, FMT), channel.query[0], FMT, "sum")
+    return score(quantize(layer_keys, FMT), channel.query[0, 0], FMT, "sum")
 
 
 def test_a_prepared_layer_is_scored_without_reading_again(scorer):
@@ -55,10 +54,10 @@ def test_a_prepared_layer_is_scored_without_reading_again(scorer):
     sketch_scorer.prepare(1).result()
     read = _read_bytes(channel)
     assert read > 0
-    sketch_scorer.score_layer(1)
+    sketch_scorer.score_layer(1, 0, TOKENS)
     assert _read_bytes(channel) == read
     np.testing.assert_array_equal(_scores(channel), _expected(keys[1], channel))
-    sketch_scorer.score_layer(0)  # not the prepared layer: read now
+    sketch_scorer.score_layer(0, 0, TOKENS)  # not the prepared layer: read now
     assert _read_bytes(channel) > read
 
 
@@ -70,7 +69,7 @@ def test_a_layer_rewritten_after_preparing_is_read_again(scorer):
     file.write_records(0, 0, [5], quantize(changed[5:6], FMT))
     channel.versions[0] += 1  # what the host does after every write
     read = _read_bytes(channel)
-    sketch_scorer.score_layer(0)
+    sketch_scorer.score_layer(0, 0, TOKENS)
     assert _read_bytes(channel) > read
     np.testing.assert_array_equal(_scores(channel), _expected(changed, channel))
 
@@ -88,17 +87,17 @@ def test_preparing_a_layer_that_is_still_prepared_reads_nothing(scorer):
 
 def test_layers_prepared_while_others_are_scored_keep_their_own_buffers(scorer):
     sketch_scorer, channel, _, keys = scorer
-    sketch_scorer.score_layer(0, then_prepare=1)  # layer 1 is read while layer 0 is scored
+    sketch_scorer.score_layer(0, 0, TOKENS, then_prepare=1)  # layer 1 is read while layer 0 is scored
     np.testing.assert_array_equal(_scores(channel), _expected(keys[0], channel))
     # wait for the background read (a current prepared layer is not read again): its bytes count when it ends
     sketch_scorer.prepare(1).result()
     one_layer = _read_bytes(channel) // 2  # layer 0 read by the request, layer 1 prepared
-    sketch_scorer.score_layer(1, then_prepare=0)
+    sketch_scorer.score_layer(1, 0, TOKENS, then_prepare=0)
     np.testing.assert_array_equal(_scores(channel), _expected(keys[1], channel))
     sketch_scorer.prepare(0).result()
     read = _read_bytes(channel)
     assert read == 3 * one_layer  # no layer read twice
-    sketch_scorer.score_layer(0)  # prepared while layer 1 was scored, into the other buffers
+    sketch_scorer.score_layer(0, 0, TOKENS)  # prepared while layer 1 was scored, into the other buffers
     assert _read_bytes(channel) == read
     np.testing.assert_array_equal(_scores(channel), _expected(keys[0], channel))
 
@@ -115,7 +114,7 @@ def test_a_failed_prepare_is_read_again_by_the_request(scorer, capfd):
         sketch_scorer = SketchScorer(fd, file.layout, FMT, channel, "sum", 64, io, prefetch_io=failing)
         try:
             assert isinstance(sketch_scorer.prepare(1).exception(), OSError)
-            sketch_scorer.score_layer(1)
+            sketch_scorer.score_layer(1, 0, TOKENS)
         finally:
             sketch_scorer.close()
             os.close(fd)

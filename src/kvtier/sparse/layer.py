@@ -17,8 +17,9 @@ Life of a layer:
    reads land. At alpha = 1 every token is attended, so the output equals a
    dense cache up to float rounding. With lookahead (lookahead.py) the storage
    scorer scored a layer's cold pool with a predicted query and read its best
-   candidates while the previous layer computed; the layer picks among hot
-   pool and candidates instead.
+   candidates while the previous layer computed (the layer sends the next
+   layer's predicted query before it takes its own candidates); the layer
+   picks among hot pool and candidates instead.
 4. After attention, off the critical path: the migration policy swaps a
    bounded number of cold and hot tokens, and tokens leaving the recent
    window enter the hot pool `retire_batch` at a time; when it overflows by
@@ -49,6 +50,9 @@ from kvtier.sparse.stats import PhaseClock
 if TYPE_CHECKING:
     from kvtier.sparse.runtime import SparseRuntime
 
+LATE_WAIT_S = 0.002  # a layer that waits longer for its candidates is asked for a layer earlier from then on
+MAX_AHEAD = 3
+
 
 class SparseLayer(WindowedLayer):
     """KV of one full-attention layer, tiered across device window, hot pool and cold pool."""
@@ -65,6 +69,7 @@ class SparseLayer(WindowedLayer):
         self._scaling = 1.0
         self.next_tiered: SparseLayer | None = None  # the next tiered layer of the model (lookahead.py)
         self.cold_picked: np.ndarray | None = None  # cold tokens each sequence chose at the last step
+        self.ahead = 1  # how many layers before it its candidates are asked for (lookahead.py)
 
     def make_pool(self, batch: int, heads: int, head_dim: int) -> None:
         self.hot = HotPool(batch, heads, head_dim, self.dtype, pin=self.device.type == "cuda")
@@ -192,8 +197,14 @@ class SparseLayer(WindowedLayer):
         (the model's own attention) is not needed: the hot scores are the logits.
         """
         runtime, step, clock = self.runtime, self.runtime.stats.current, PhaseClock()
-        candidates = runtime.lookahead.take(self.tier) if runtime.lookahead is not None else None
+        lookahead = runtime.lookahead
+        if lookahead is not None and lookahead.in_flight[:1] == (self.tier,):
+            self._look_ahead()  # the next layers' predicted queries, queued behind this layer's candidates
+        clock.lap("look ahead")
+        candidates = lookahead.take(self.tier) if lookahead is not None else None
         clock.lap("take")
+        if candidates is not None and clock.seconds["take"] > LATE_WAIT_S:
+            self.ahead = min(self.ahead + 1, MAX_AHEAD)  # late: asked for one layer earlier from the next step on
         if candidates is None:
             runtime.cold.settle(self.tier)  # last step's moves of this layer: normally on disk long since
         clock.lap("settle")
@@ -201,8 +212,6 @@ class SparseLayer(WindowedLayer):
         grouped = runtime.grouped_query(query)
         if candidates is None and cold_count:
             runtime.scorer.request(self.tier, runtime.score_query(grouped).numpy(), cold_count)
-        elif candidates is not None:
-            self._look_ahead()  # the scorer is idle: the next layer's predicted query goes to it now
         hot_dots = self.hot.dots(grouped)
         hot_scores = importance(hot_dots, runtime.settings.aggregation)
         clock.lap("hot scores")
@@ -260,19 +269,39 @@ class SparseLayer(WindowedLayer):
         return output, None
 
     def _look_ahead(self) -> None:
-        """Start scoring and reading the next tiered layer's cold candidates with its predicted query, if it
-        follows this layer directly, its cold pool is large enough and it chose cold tokens before (its count sizes
-        the candidates)."""
-        lookahead, after = self.runtime.lookahead, self.next_tiered
-        if lookahead is None or after is None or after.cold_picked is None \
-                or not lookahead.wants(after.tier, self.layer_idx, after.layer_idx):
+        """Start scoring and reading the next tiered layers' cold candidates with their predicted queries: the next
+        one, and those up to the farthest layer within MAX_AHEAD that asks to be predicted that far (`ahead`), so
+        that the requests stay in layer order. A layer is predicted if it follows its predecessor directly, its cold
+        pool is large enough and it chose cold tokens before (its count sizes the candidates)."""
+        if self.runtime.lookahead is None:
             return
+        chain, layer = [], self.next_tiered
+        while layer is not None and len(chain) < MAX_AHEAD:
+            chain.append(layer)
+            layer = layer.next_tiered
+        farthest = max([1] + [distance for distance, layer in enumerate(chain, start=1) if layer.ahead >= distance])
+        before = self
+        for target in chain[:farthest]:
+            if not self._predict(target, before):
+                return
+            before = target
+
+    def _predict(self, target: SparseLayer, before: SparseLayer) -> bool:
+        """Ask for `target`'s candidates (directly after `before`) from the last captured hidden state; whether they
+        are in flight."""
+        lookahead = self.runtime.lookahead
+        if target.tier in lookahead.in_flight:
+            return True
+        if target.cold_picked is None or not lookahead.wants(target.tier, before.layer_idx, target.layer_idx):
+            return False
         cold = self.runtime.cold
-        cold.settle(after.tier)
-        cold_tokens = int(cold.used[after.tier])
-        if lookahead.worth(cold_tokens):
-            counts = lookahead.candidate_counts(after.cold_picked, cold_tokens, after.candidates_needed(cold_tokens))
-            lookahead.start(after.tier, lookahead.forecast.score_query(after.layer_idx).numpy(), cold_tokens, counts)
+        cold.settle(target.tier)
+        cold_tokens = int(cold.used[target.tier])
+        if not lookahead.worth(cold_tokens):
+            return False
+        counts = lookahead.candidate_counts(target.cold_picked, cold_tokens, target.candidates_needed(cold_tokens))
+        lookahead.start(target.tier, lookahead.forecast.score_query(target.layer_idx).numpy(), cold_tokens, counts)
+        return True
 
     def candidates_needed(self, cold_tokens: int) -> int:
         """Candidates a sequence needs for the hot pool and them to hold the top-alpha share of the whole pool."""

@@ -2,12 +2,21 @@
 
 Consecutive layers' attention inputs are similar (InfiniGen's observation), so
 layer l+1's decode query is predicted from the hidden state entering layer l:
-q' = rope(Wq[l+1] norm[l+1](h_l)). As soon as layer l has its own cold
-candidates (the scorer is free), the storage scorer scores layer l+1's cold
-pool with q', then reads its top candidates' full-precision K/V and checks
-them (candidate_reads.py), all while layer l computes. By the time layer l+1
-attends they are usually waiting in shared memory: neither the scoring nor
-the cold reads sit on the host's critical path, nor on its core.
+q' = rope(Wq[l+1] norm[l+1](h_l)). As layer l starts attending (before it
+takes its own candidates), it sends q' to the storage scorer, which scores
+layer l+1's cold pool with it once it is done with layer l's request (or
+while layer l's candidate reads are on the disk), then reads layer l+1's top
+candidates' full-precision K/V and checks them (candidate_reads.py), all
+while layer l computes. By the time layer l+1 attends they are usually
+waiting in shared memory: neither the scoring nor the cold reads sit on the
+host's critical path, nor on its core.
+
+A layer whose candidates came late (its step waited for them) is asked for
+one layer earlier from then on, up to three layers ahead, its query then
+predicted from that earlier layer's input (SparseLayer's `ahead`): the
+scorer's and the disk's time per layer is uneven, a few layers read far more
+candidates than the rest, and an earlier request spreads their reads over
+the layers before them.
 
 The prediction only chooses *candidates*, per sequence `margin` x the cold
 tokens it chose in the layer last step (at least `MIN_CANDIDATES`): layer
@@ -26,6 +35,7 @@ among candidates cost about what they hide.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -177,18 +187,19 @@ def _rotated_half(query: torch.Tensor) -> torch.Tensor:
 
 
 class Lookahead:
-    """At most one layer ahead at a time: its predicted query at the scorer, which scores it and reads candidates."""
+    """The layers ahead: their predicted queries at the scorer, which scores them and reads candidates in order.
+    Layer l + 1's request goes out as layer l starts attending, while the scorer may still read layer l's."""
 
     def __init__(self, forecast: QueryForecast, margin: float, skip: int, min_cold: int, scorer, cold) -> None:
         self.forecast = forecast
         self.margin, self.skip, self.min_cold = margin, skip, min_cold
         self.scorer, self.cold = scorer, cold
-        self._tier: int | None = None  # the layer ahead, while the scorer works on it
+        self._tiers: deque[int] = deque()  # the layers ahead, oldest first, while the scorer works on them
 
     @property
-    def in_flight(self) -> int | None:
-        """The tier whose candidates are being scored or read, if any."""
-        return self._tier
+    def in_flight(self) -> tuple[int, ...]:
+        """The tiers whose candidates are being scored or read, oldest first."""
+        return tuple(self._tiers)
 
     def wants(self, next_tier: int, layer_idx: int, next_layer_idx: int) -> bool:
         """`is_predicted` under this lookahead's skip."""
@@ -204,25 +215,25 @@ class Lookahead:
         return np.minimum(wanted, cold_tokens)
 
     def start(self, tier: int, predicted: np.ndarray, cold_tokens: int, counts: np.ndarray) -> None:
-        """Ask the scorer for tier `tier`'s best `counts` candidates under the predicted query; the scorer must be idle
-        and the layer's writes settled."""
+        """Ask the scorer for tier `tier`'s best `counts` candidates under the predicted query, after what it has in
+        hand (at most one request); the layer's writes must be settled."""
         self.scorer.request(tier, predicted, cold_tokens, counts)
-        self._tier = tier
+        self._tiers.append(tier)
 
     def take(self, tier: int) -> Candidates | None:
         """The candidates read ahead for `tier` (waiting for them if need be), or None when none were started for it."""
-        if self._tier != tier:
+        if not self._tiers or self._tiers[0] != tier:
             self.drain()
             return None
-        self._tier = None
+        self._tiers.popleft()
         found = self.scorer.candidates()
         return Candidates([slots for slots, _, _ in found],
                           [self.cold.tokens(slots, records, nbytes) for slots, records, nbytes in found])
 
     def drain(self) -> None:
         """Finish what is in flight and drop it (a step that ended midway): the scorer is free."""
-        if self._tier is not None:
-            self._tier = None
+        while self._tiers:
+            self._tiers.popleft()
             self.scorer.candidates()
 
     def close(self) -> None:

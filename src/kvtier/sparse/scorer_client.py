@@ -6,7 +6,9 @@ returns at once so the host scores its hot pool while the scorer works;
 `scores()` blocks until the layer's cold scores are in and returns them.
 With `counts` the request is a candidates request (the lookahead's):
 `candidates()` then returns each sequence's best-scored slots and their
-verified K/V records, read by the scorer (candidate_reads.py).
+verified K/V records, read by the scorer (candidate_reads.py). A second
+requests may be sent before the first is answered (protocol.py's AREAS);
+answers are taken oldest first.
 Fault handling:
 
 - The scorer dies: its end of the response pipe closes, so waiting for its
@@ -21,8 +23,9 @@ In each case the host does the rest of the request itself with the very same
 code (scorer_process.StorageScorer), resuming after the last score block the
 scorer finished, so the scores, the candidates (and the generated text) are
 identical to a run without the fault; a candidates page that fails its check
-fails there too, with the error. Then it starts a fresh scorer for the next request, at most
-`max_restarts` times; after that it keeps scoring on the host.
+fails there too, with the error. Then it starts a fresh scorer, at most
+`max_restarts` times, and sends it the request still unanswered, if any;
+after that it keeps scoring on the host.
 """
 
 from __future__ import annotations
@@ -34,14 +37,15 @@ import select
 import subprocess
 import sys
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kvtier.errors import StorageError
 from kvtier.sparse.protocol import (
-    CONTROL_AREA, CONTROL_COLD_TOKENS, CONTROL_LAYER, CONTROL_REQUEST, OP_CANDIDATES, OP_SCORE, OP_STOP, REQUEST,
-    RESPONSE, STATUS_OK, Channel, read_exact,
+    AREAS, OP_CANDIDATES, OP_SCORE, OP_STOP, RESPONSE, STATUS_OK, Channel, Request, read_exact,
 )
 from kvtier.sparse.record_file import RecordLayout
 from kvtier.sparse.scorer_process import StorageScorer
@@ -49,6 +53,14 @@ from kvtier.sparse.sketch import SketchFormat
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Pending:
+    """A request not answered yet, and whether the running scorer was sent it."""
+
+    request: Request
+    sent: bool
 
 
 class ScorerClient:
@@ -77,11 +89,7 @@ class ScorerClient:
         self.process: subprocess.Popen | None = None
         self._request_fd = self._response_fd = -1
         self._request_id = 0
-        self._pending_layer: int | None = None
-        self._pending_tokens = 0
-        self._pending_op = OP_SCORE
-        self._area = 0  # the candidate area of the last candidates request
-        self._sent = False
+        self._pending: deque[Pending] = deque()  # requests not answered yet, oldest first
         self._fallback: StorageScorer | None = None
         self._start()
 
@@ -89,51 +97,54 @@ class ScorerClient:
 
     def request(self, layer: int, query: np.ndarray, cold_tokens: int, counts: np.ndarray | None = None) -> None:
         """Ask for `layer`'s cold scores (`cold_tokens` per sequence) for `query` [batch, heads, q_per_head, head_dim];
-        with `counts` (per sequence, at most the channel's `candidates`), for its best candidates' K/V too."""
+        with `counts` (per sequence, at most the channel's `candidates`), for its best candidates' K/V too. One request
+        may still be unanswered (the scorer answers in order); the one before it must have been used up."""
+        if len(self._pending) == AREAS:
+            raise RuntimeError(f"{AREAS} requests unanswered: take an answer before the next request")
         if counts is not None and int(counts.max(initial=0)) > self.channel.spec.candidates:
             raise ValueError(f"{int(counts.max())} candidates asked, the channel has room for "
                              f"{self.channel.spec.candidates}")
-        self.channel.query[:] = query
         self._request_id += 1
-        control = self.channel.control
-        control[CONTROL_REQUEST], control[CONTROL_LAYER], control[CONTROL_COLD_TOKENS] = self._request_id, layer, cold_tokens
-        self.channel.progress[:] = 0
-        self._pending_op = OP_SCORE
+        area = self._request_id % AREAS  # the other area: the last request's answer may still be in use
+        self.channel.query[area] = query
+        self.channel.progress[area] = 0
         if counts is not None:
-            self.channel.counts[:] = counts
-            self._area = control[CONTROL_AREA] = 1 - self._area  # the other area: the last one may still be in use
-            self._pending_op = OP_CANDIDATES
-        self._pending_layer, self._pending_tokens, self._sent = layer, cold_tokens, False
+            self.channel.counts[area] = counts
+        request = Request(self._request_id, layer, OP_SCORE if counts is None else OP_CANDIDATES, cold_tokens, area)
+        self._pending.append(Pending(request, sent=False))
+        self._send(self._pending[-1])
+
+    def _send(self, pending: Pending) -> None:
         if self.process is None:
             return
         try:
-            os.write(self._request_fd, REQUEST.pack(self._request_id, layer, self._pending_op))
-            self._sent = True
+            os.write(self._request_fd, pending.request.pack())
+            pending.sent = True
         except BrokenPipeError:
             pass  # died since the last request: waiting for the answer recovers (_answer)
 
     def scores(self) -> np.ndarray:
-        """The requested layer's cold scores, float32 [batch, cold_tokens] (a copy); blocks until all are in."""
-        self._answer()
-        return self.channel.results["score"][:, : self._pending_tokens].copy()
+        """The oldest request's cold scores, float32 [batch, cold_tokens] (a copy); blocks until all are in."""
+        request = self._answer()
+        return self.channel.results["score"][request.area, :, : request.cold_tokens].copy()
 
     def candidates(self) -> list[tuple[np.ndarray, np.ndarray, int]]:
-        """A candidates request's answer, per sequence: its candidates' slots (ascending), their verified K|V records
-        (uint8 [n, record_bytes]) and the bytes read for them; blocks until they are in. Views of the shared
-        segment, valid until the request after the next candidates request."""
-        counts = self.channel.counts.tolist()
-        self._answer()
-        area = self._area
-        return [(self.channel.found_slots[area, seq, :count], self.channel.found_records[area, seq, :count],
-                 int(self.channel.found_bytes[area, seq])) for seq, count in enumerate(counts)]
+        """The oldest request's answer (a candidates request), per sequence: its candidates' slots (ascending), their
+        verified K|V records (uint8 [n, record_bytes]) and the bytes read for them; blocks until they are in. Views of
+        the shared segment, valid until the request after the next."""
+        request = self._answer()
+        area, channel = request.area, self.channel
+        return [(channel.found_slots[area, seq, :count], channel.found_records[area, seq, :count],
+                 int(channel.found_bytes[area, seq])) for seq, count in enumerate(channel.counts[area].tolist())]
 
-    def _answer(self) -> None:
-        """Wait for the pending request's answer; do what the scorer did not, on the host."""
-        layer, self._pending_layer = self._pending_layer, None
-        if layer is None:
+    def _answer(self) -> Request:
+        """Wait for the oldest request's answer; do what the scorer did not, on the host."""
+        if not self._pending:
             raise RuntimeError("no request to wait for")
-        if not (self._sent and self._response() == STATUS_OK):
-            self._recover(layer)
+        pending = self._pending.popleft()
+        if not (pending.sent and self._response(pending.request.id) == STATUS_OK):
+            self._recover(pending.request)
+        return pending.request
 
     def round_trip_s(self, repeats: int = 200, pause_s: float = 0.005) -> float:
         """Median seconds of an empty request (no cold tokens): the protocol's fixed cost per layer.
@@ -142,7 +153,7 @@ class ScorerClient:
         `pause_s` before each request lets it finish, so the figure is the round trip alone.
         """
         times = []
-        query = np.zeros(self.channel.query.shape, dtype=np.float32)
+        query = np.zeros(self.channel.query.shape[1:], dtype=np.float32)
         for _ in range(repeats):
             time.sleep(pause_s)
             started = time.perf_counter()
@@ -151,8 +162,8 @@ class ScorerClient:
             times.append(time.perf_counter() - started)
         return sorted(times)[len(times) // 2]
 
-    def _response(self) -> int | None:
-        """The status for the current request, or None when the scorer is dead or hung."""
+    def _response(self, request_id: int) -> int | None:
+        """The status for request `request_id`, or None when the scorer is dead or hung."""
         while True:
             ready, _, _ = select.select([self._response_fd], [], [], self.response_timeout_s)
             if not ready:
@@ -163,40 +174,47 @@ class ScorerClient:
             message = read_exact(self._response_fd, RESPONSE.size)
             if not message:
                 return None
-            request_id, status = RESPONSE.unpack(message)
-            if request_id == self._request_id:
+            answered, status = RESPONSE.unpack(message)
+            if answered == request_id:
                 return status
 
     # ----- faults -----
 
-    def _recover(self, layer: int) -> None:
+    def _recover(self, request: Request) -> None:
         """Do what the scorer did not, on the host, then replace the scorer."""
         self.host_scored_requests += 1
         if self.process is not None:
             code = self.process.poll()
             log.warning("storage scorer (pid %d) failed%s; scoring layer %d on the host",
-                        self.process.pid, "" if code is None else f" (exit code {code})", layer)
+                        self.process.pid, "" if code is None else f" (exit code {code})", request.layer)
         if self._fallback is None:
             self._fallback = StorageScorer(self.config, self.channel, memory_budget=0, crash_after_blocks=-1)
-        self._fallback.answer(layer, self._pending_op, resume=True)
+        self._fallback.answer(request, resume=True)
         self._replace()
 
     def _replace(self) -> None:
+        """A fresh scorer (or none, past `max_restarts`), sent the requests the failed one left unanswered."""
         self._stop_process()
+        self.process = self._restarted()
+        for pending in self._pending:  # without a scorer, _answer does them on the host
+            pending.sent = False
+            self._send(pending)
+
+    def _restarted(self) -> subprocess.Popen | None:
         if self.restarts >= self.max_restarts:
             if self.process is not None:
                 log.warning("storage scorer restarted %d times; the host scores the cold pool from now on",
                             self.restarts)
-            self.process = None
-            return
+            return None
         self.restarts += 1
         self.config["crash_after_blocks"] = -1  # injected faults happen once
         try:
             self._start()
         except StorageError as error:  # the generation goes on; only the first start must succeed
             log.warning("%s; the host scores the cold pool from now on", error)
-            self.process = None
             self.max_restarts = self.restarts  # one that cannot start now will not start at the next layer
+            return None
+        return self.process
 
     # ----- process lifetime -----
 
@@ -225,7 +243,7 @@ class ScorerClient:
         if self.process is not None:
             if self.process.poll() is None:
                 try:
-                    os.write(self._request_fd, REQUEST.pack(0, 0, OP_STOP))
+                    os.write(self._request_fd, Request(0, 0, OP_STOP).pack())
                 except BrokenPipeError:
                     pass  # already exiting
                 try:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtier.sparse.protocol import CONTROL_COLD_TOKENS, CONTROL_SCORER_READ_BYTES, Channel
+from kvtier.sparse.protocol import CONTROL_SCORER_READ_BYTES, Channel
 from kvtier.sparse.record_file import RecordLayout
 from kvtier.sparse.sketch import SketchFormat, score
 from kvtier.sparse.stored_sketches import StoredSketches
@@ -110,19 +110,20 @@ class SketchScorer:
         self._prepared = PreparedLayer(layer, version, count, target, reading)
         return reading
 
-    def score_layer(self, layer: int, resume: bool = False, then_prepare: int | None = None) -> None:
-        """Score every sequence's cold tokens of `layer`; with `resume`, skip blocks already reported. With
-        `then_prepare`, that layer's sketches are read while this one is scored."""
-        count = int(self.channel.control[CONTROL_COLD_TOKENS])
+    def score_layer(self, layer: int, area: int, count: int, resume: bool = False,
+                    then_prepare: int | None = None) -> None:
+        """Score `count` cold tokens of `layer` per sequence with request area `area`'s query, into its results; with
+        `resume`, skip blocks already reported. With `then_prepare`, that layer's sketches are read meanwhile."""
+        progress = self.channel.progress[area]
         if not resume:
-            self.channel.progress[:] = 0
+            progress[:] = 0
         blocks = -(-count // self.block_tokens)
-        pending = [seq for seq in range(self.layout.batch) if self.channel.progress[seq] < blocks]
+        pending = [seq for seq in range(self.layout.batch) if progress[seq] < blocks]
         records = self._records(layer, count, pending)
         if then_prepare is not None:
             self.prepare(then_prepare)
         for seq in pending:
-            self._score_sequence(layer, seq, count, records[seq])
+            self._score_sequence(layer, area, seq, count, records[seq])
 
     def close(self) -> None:
         """Wait for a read in flight and stop the reading thread (before the files close)."""
@@ -154,15 +155,15 @@ class SketchScorer:
         if self._prepared is not None:
             wait([self._prepared.reading])
 
-    def _score_sequence(self, layer: int, seq: int, count: int, records: np.ndarray) -> None:
-        query = np.ascontiguousarray(self.channel.query[seq])
+    def _score_sequence(self, layer: int, area: int, seq: int, count: int, records: np.ndarray) -> None:
+        query = np.ascontiguousarray(self.channel.query[area, seq])
         positions = self.channel.positions[layer, seq]
-        results = self.channel.results[seq]
-        for block in range(int(self.channel.progress[seq]), -(-count // self.block_tokens)):
+        results, progress = self.channel.results[area, seq], self.channel.progress[area]
+        for block in range(int(progress[seq]), -(-count // self.block_tokens)):
             lo, hi = block * self.block_tokens, min(count, (block + 1) * self.block_tokens)
             results["position"][lo:hi] = positions[lo:hi]
             results["score"][lo:hi] = score(records[lo:hi], query, self.fmt, self.aggregation, out=self._scores)
-            self.channel.progress[seq] = block + 1  # after the block's data: the host may read it from now on
+            progress[seq] = block + 1  # after the block's data: the host may read it from now on
             self._maybe_crash()
 
     def _load(self, layer: int, count: int, version: int, buffers: int, seqs: list[int] | None = None,

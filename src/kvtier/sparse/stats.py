@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 PARTS = ("score_s", "fetch_s", "attention_s", "migrate_s")
 # The phases of a layer's decode step (SparseLayer.attend, in its order) and the part each is charged to.
 PHASE_PARTS = {
+    "look ahead": "score_s",  # the next layer's predicted query sent to the scorer (lookahead)
     "take": "fetch_s",  # the wait for the candidates read ahead (lookahead)
     "settle": "migrate_s",  # the wait for last step's writes of this layer
     "hot scores": "score_s",  # the request to the scorer, the hot pool's q.k
