@@ -215,8 +215,8 @@ class Lookahead:
         return np.minimum(wanted, cold_tokens)
 
     def start(self, tier: int, predicted: np.ndarray, cold_tokens: int, counts: np.ndarray) -> None:
-        """Ask the scorer for tier `tier`'s best `counts` candidates under the predicted query, after what it has in
-        hand (at most one request); the layer's writes must be settled."""
+        """Ask the scorer for tier `tier`'s best `counts` candidates under the predicted query, after the requests it
+        has in hand; the layer's writes must be settled."""
         self.scorer.request(tier, predicted, cold_tokens, counts)
         self._tiers.append(tier)
 

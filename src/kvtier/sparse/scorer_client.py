@@ -6,9 +6,9 @@ returns at once so the host scores its hot pool while the scorer works;
 `scores()` blocks until the layer's cold scores are in and returns them.
 With `counts` the request is a candidates request (the lookahead's):
 `candidates()` then returns each sequence's best-scored slots and their
-verified K/V records, read by the scorer (candidate_reads.py). A second
-requests may be sent before the first is answered (protocol.py's AREAS);
-answers are taken oldest first.
+verified K/V records, read by the scorer (candidate_reads.py). Up to AREAS
+requests (protocol.py) may be unanswered at once; answers are taken oldest
+first.
 Fault handling:
 
 - The scorer dies: its end of the response pipe closes, so waiting for its
@@ -24,8 +24,8 @@ code (scorer_process.StorageScorer), resuming after the last score block the
 scorer finished, so the scores, the candidates (and the generated text) are
 identical to a run without the fault; a candidates page that fails its check
 fails there too, with the error. Then it starts a fresh scorer, at most
-`max_restarts` times, and sends it the request still unanswered, if any;
-after that it keeps scoring on the host.
+`max_restarts` times, and sends it the requests still unanswered; after
+that it keeps scoring on the host.
 """
 
 from __future__ import annotations
@@ -97,15 +97,16 @@ class ScorerClient:
 
     def request(self, layer: int, query: np.ndarray, cold_tokens: int, counts: np.ndarray | None = None) -> None:
         """Ask for `layer`'s cold scores (`cold_tokens` per sequence) for `query` [batch, heads, q_per_head, head_dim];
-        with `counts` (per sequence, at most the channel's `candidates`), for its best candidates' K/V too. One request
-        may still be unanswered (the scorer answers in order); the one before it must have been used up."""
+        with `counts` (per sequence, at most the channel's `candidates`), for its best candidates' K/V too. Up to AREAS
+        requests may be unanswered (the scorer answers in order); the answer AREAS requests back must have been used
+        up, since this one reuses its area."""
         if len(self._pending) == AREAS:
             raise RuntimeError(f"{AREAS} requests unanswered: take an answer before the next request")
         if counts is not None and int(counts.max(initial=0)) > self.channel.spec.candidates:
             raise ValueError(f"{int(counts.max())} candidates asked, the channel has room for "
                              f"{self.channel.spec.candidates}")
         self._request_id += 1
-        area = self._request_id % AREAS  # the other area: the last request's answer may still be in use
+        area = self._request_id % AREAS  # in turn: the last requests' answers may still be in use
         self.channel.query[area] = query
         self.channel.progress[area] = 0
         if counts is not None:
@@ -131,7 +132,7 @@ class ScorerClient:
     def candidates(self) -> list[tuple[np.ndarray, np.ndarray, int]]:
         """The oldest request's answer (a candidates request), per sequence: its candidates' slots (ascending), their
         verified K|V records (uint8 [n, record_bytes]) and the bytes read for them; blocks until they are in. Views of
-        the shared segment, valid until the request after the next."""
+        the shared segment, valid until AREAS requests after it."""
         request = self._answer()
         area, channel = request.area, self.channel
         return [(channel.found_slots[area, seq, :count], channel.found_records[area, seq, :count],
