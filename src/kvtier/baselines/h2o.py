@@ -25,11 +25,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kvtier.baselines.attention_mass import attention_mass
 from kvtier.baselines.runtime import TierSetup
 from kvtier.baselines.selective import Selected, SelectiveCache, SelectiveLayer, build_cache, grouped_query
 from kvtier.baselines.store import SelectiveStore
 from kvtier.kv.gather import take_tokens
-from kvtier.sparse.placement import observation_importance
 from kvtier.storage import K, V
 
 QUERY_SLICE = 256  # prompt queries scored at once: bounds the [heads, queries, tokens] probabilities in memory
@@ -64,7 +64,7 @@ class H2OLayer(SelectiveLayer):
         for start in range(0, count, QUERY_SLICE):
             stop = min(start + QUERY_SLICE, count)
             visible = self.tokens - count + stop
-            mass = observation_importance(query[:, :, start:stop], self.keys[:, :, :visible], scaling)
+            mass = attention_mass(query[:, :, start:stop], self.keys[:, :, :visible], scaling)
             self.hitters.add(mass.cpu().numpy())
 
     def whole_reads(self) -> tuple[SelectiveStore, tuple[int, ...]]:

@@ -30,11 +30,11 @@ import math
 import numpy as np
 import torch
 
+from kvtier.baselines.attention_mass import attention_mass
 from kvtier.baselines.chunks import ChunkTable, chunk_ends, cover, key_scores, upper_bounds
 from kvtier.baselines.runtime import SelectiveRuntime, TierSetup
 from kvtier.baselines.selective import Selected, SelectiveCache, SelectiveLayer, build_cache, grouped_query
 from kvtier.baselines.store import SelectiveStore
-from kvtier.sparse.placement import observation_importance
 from kvtier.kv.geometry import model_geometry
 from kvtier.storage import K, V
 
@@ -60,7 +60,7 @@ class LeoAMLayer(SelectiveLayer):
     def prepare(self, pool_keys: torch.Tensor) -> None:
         """Chunk the prompt pool by its observation-window importance."""
         batch, heads, count, head_dim = pool_keys.shape
-        importance = observation_importance(self._window, self.keys, self._scaling)
+        importance = attention_mass(self._window, self.keys, self._scaling)
         pool_importance = importance[:, self.sink_tokens : self.sink_tokens + count].cpu().numpy()
         block = self.runtime.capacity.block_tokens
         self.table = ChunkTable(batch, heads, head_dim, self.dtype, block, self.min_chunk)

@@ -50,7 +50,7 @@ Files (one concept each):
     hit_table.py       HKM hit table, 2 bytes per token (hits with decay, step of the last selection)
     migration.py       BKP policies (hit table vs naive instantaneous scores), ping-pong meter
     promotion_price.py the hits a promotion needs to pay for its writes, from measured write and fetch costs
-    placement.py       SnapKV-style observation-window importance for the initial hot/cold split
+    placement.py       the initial hot/cold split by the observation window's selection scores (SnapKV-style window)
     planner.py         APP: latency model, beta by eq. (4) with skew correction, calibration cache
     layer.py           SparseLayer (on kv.windowed's skeleton): hot/cold placement, the overlapped decode step,
                        migration

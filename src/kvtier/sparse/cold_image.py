@@ -46,7 +46,8 @@ from kvtier.storage.sealed_json import BrokenSeal, seal, unseal
 
 log = logging.getLogger(__name__)
 IMAGE_DIR = "sparse"
-IMAGE_VERSION = 2  # 2: page crcs per read unit (512 B where O_DIRECT takes sectors), not per 4 KiB
+IMAGE_VERSION = 3  # 2: page crcs per read unit (512 B where O_DIRECT takes sectors), not per 4 KiB; 3: placed by the
+# observation window's selection scores (placement.py), not its attention mass
 META, TABLES, KV, SKETCH, CRC = "image.json", "tables.npz", "cold.kv", "cold.sketch", ".crc"
 
 

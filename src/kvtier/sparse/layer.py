@@ -7,7 +7,8 @@ Life of a layer:
    layer the last prompt queries (the observation window).
 2. First decode step: `distribute()` keeps the sink and recent tokens on the
    device and splits the rest between the hot pool (DRAM) and the cold pool
-   (files) by observation-window importance (placement.py), sized by APP.
+   (files) by the observation window's selection scores (placement.py), sized
+   by APP.
 3. Every decode step (`attend`): the query goes to the storage scorer (cold
    pool) and scores the hot pool meanwhile; of the global top-alpha of the
    pooled tokens, the cold ones are read in full precision from the K/V file
@@ -43,7 +44,7 @@ from kvtier.sparse.cold_image import ImagedLayer
 from kvtier.sparse.hit_table import HitTable
 from kvtier.sparse.hot_pool import HotPool, importance
 from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
-from kvtier.sparse.placement import observation_importance, seed_hits, split_hot_cold
+from kvtier.sparse.placement import seed_hits, selection_importance, split_hot_cold
 from kvtier.sparse.selection import Picks, Segment, cold_fetched, exact_attention, hot_chosen, window_segment
 from kvtier.sparse.stats import PhaseClock
 
@@ -66,7 +67,6 @@ class SparseLayer(WindowedLayer):
         self.table: HitTable | None = None
         self.meter = PingPongMeter()
         self._observation: torch.Tensor | None = None
-        self._scaling = 1.0
         self.next_tiered: SparseLayer | None = None  # the next tiered layer of the model (lookahead.py)
         self.cold_picked: np.ndarray | None = None  # cold tokens each sequence chose at the last step
         self.ahead = 1  # how many layers before it its candidates are asked for (lookahead.py)
@@ -81,12 +81,12 @@ class SparseLayer(WindowedLayer):
 
     # ----- prefill -----
 
-    def observe(self, query: torch.Tensor, scaling: float) -> None:
-        """Keep the last `observation_window` prompt queries [B, Hq, w, D] for placement."""
+    def observe(self, query: torch.Tensor, _scaling: float) -> None:
+        """Keep the last `observation_window` prompt queries [B, Hq, w, D] for placement (which ranks by raw q.k, as
+        the decode step's selection does: the attention scaling does not change the order)."""
         window = self.runtime.settings.observation_window
         recent = query if self._observation is None else torch.cat([self._observation, query], dim=2)
         self._observation = recent[:, :, -window:].clone()
-        self._scaling = scaling
 
     def place(self, pool: slice) -> None:
         """Split the prompt's middle between hot pool and cold pool by observation-window importance (APP's sizes).
@@ -138,7 +138,7 @@ class SparseLayer(WindowedLayer):
     def _importance(self) -> torch.Tensor:
         if self._observation is None:  # a prompt fed token by token: no window, keep newer tokens hot
             return torch.arange(self.tokens, dtype=torch.float32)[None, :].repeat(self.keys.shape[0], 1)
-        return observation_importance(self._observation, self.keys, self._scaling)
+        return selection_importance(self._observation, self.keys, self.runtime.settings.aggregation)
 
     # ----- decode -----
 

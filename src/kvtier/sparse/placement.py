@@ -1,12 +1,16 @@
 """Initial placement after prefill: which prompt tokens start hot and which cold.
 
-The prompt's own attention says which tokens matter:
-the last `observation_window` prompt queries (SnapKV's observation window)
-attend over all prompt keys, and each token's importance is the attention
-probability it receives, summed over those queries and all heads. The most
-important tokens fill the hot pool; the rest go cold, in position order so
-that neighbouring cold tokens share disk pages. The importance also seeds the
-hit table, so tokens the prompt already favours count as hit once.
+The prompt's last `observation_window` queries (SnapKV's observation window)
+foresee which tokens the decode steps will choose. A decode step chooses the
+top-alpha of the pool by its selection score (the query heads' raw q.k summed,
+or their max: the "sum" or "max" aggregation, hot_pool.importance), so a
+token's importance is that same score averaged over the window's queries,
+each query over the keys it may see. The most important tokens fill the hot
+pool; the rest go cold, in position order so that neighbouring cold tokens
+share disk pages. Ranked by the window's attention probabilities instead, the
+hot pool held about half as many of the decode steps' choices
+(docs/decisions.md). The importance also seeds the hit table, so tokens the
+prompt already favours count as hit once.
 """
 
 from __future__ import annotations
@@ -14,21 +18,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kvtier.sparse.hot_pool import importance
 
-def observation_importance(queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
-    """Importance [batch, tokens] of keys [B, Hkv, N, D] for the last prompt queries [B, Hq, w, D].
 
-    The queries are the prompt's last w positions, so query i (0-based in the window) may attend
-    to keys up to position N - w + i (causal).
-    """
+def selection_importance(queries: torch.Tensor, keys: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """Importance [batch, tokens] of keys [B, Hkv, N, D]: the selection score under `aggregation` averaged over the
+    last prompt queries [B, Hq, w, D]. Query i (0-based in the window) is at position N - w + i and sees the keys up
+    to it (causal); a key's average is over the queries that see it."""
     batch, q_heads, window, head_dim = queries.shape
     kv_heads, tokens = keys.shape[1], keys.shape[2]
-    grouped = queries.float().reshape(batch, kv_heads, q_heads // kv_heads * window, head_dim)
-    logits = torch.matmul(grouped, keys.float().transpose(2, 3)) * scaling  # [B, Hkv, G*w, N]
-    query_pos = torch.arange(tokens - window, tokens).repeat(q_heads // kv_heads)
-    future = torch.arange(tokens)[None, :] > query_pos[:, None]
-    probabilities = logits.masked_fill(future, float("-inf")).softmax(dim=-1)
-    return probabilities.sum(dim=(1, 2))
+    grouped = queries.float().reshape(batch, kv_heads, q_heads // kv_heads, window, head_dim)
+    dots = torch.matmul(grouped, keys.float()[:, :, None].transpose(3, 4))  # [B, Hkv, G, w, N]
+    per_query = importance(dots.permute(0, 3, 1, 2, 4).reshape(batch * window, kv_heads, -1, tokens), aggregation)
+    seen = torch.arange(tokens)[None, :] <= torch.arange(tokens - window, tokens)[:, None]  # [w, N]
+    total = per_query.view(batch, window, tokens).masked_fill(~seen, 0.0).sum(dim=1)
+    return total / seen.sum(dim=0).clamp(min=1)
 
 
 def split_hot_cold(importance: np.ndarray, hot_tokens: int) -> tuple[np.ndarray, np.ndarray]:
