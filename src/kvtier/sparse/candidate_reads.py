@@ -28,7 +28,7 @@ from kvtier.sparse.top_share import top_share
 
 class CandidateReader:
     """Fills one request area's candidates from the K|V file `own` (and a stored image's, `base`). Each area has its
-    own reader, files and I/O engines, so one area's reads may be in flight while the other's are queued."""
+    own reader, files and I/O engines, so one area's reads may be in flight while the others' are queued."""
 
     def __init__(self, channel: Channel, area: int, own: RecordFile, base: RecordFile | None = None) -> None:
         self.channel, self.area, self.own, self.base = channel, area, own, base
