@@ -48,9 +48,12 @@ def test_a_boolean_mask_drops_its_tokens_exactly():
 def test_picks_take_the_top_alpha_share_and_split_hot_from_cold():
     hot = torch.tensor([[5.0, 1.0, 9.0, 0.0], [0.0, 0.0, 0.0, 8.0]])
     cold = torch.tensor([[7.0, 2.0, 3.0], [6.0, 9.0, 1.0]])
-    picks = Picks.top(hot, cold, alpha=3 / 7)
+    positions = np.array([[10, 11, 12, 13, 50, 51, 52], [20, 21, 22, 23, 60, 61, 62]])
+    picks = Picks.top(hot, cold, positions, alpha=3 / 7)
     assert [list(p) for p in picks.hot] == [[0, 2], [3]]
     assert [list(p) for p in picks.cold] == [[0], [0, 1]]
+    assert picks.positions.tolist() == [[10, 12, 50], [23, 60, 61]]  # each row's hot tokens first
+    assert [list(p) for p in picks.cold_positions] == [[50], [60, 61]]
     assert picks.hot_count + picks.cold_count == 2 * math.ceil(3 / 7 * 7)
 
 
@@ -67,7 +70,8 @@ def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed
     hot_keys, hot_values = torch.randn(B, HKV, 20, D, generator=gen), torch.randn(B, HKV, 20, D, generator=gen)
     cold_keys, cold_values = torch.randn(B, HKV, 9, D, generator=gen), torch.randn(B, HKV, 9, D, generator=gen)
     window_keys, window_values = torch.randn(B, HKV, 5, D, generator=gen), torch.randn(B, HKV, 5, D, generator=gen)
-    picks = Picks([np.array(slots, dtype=np.int64) for slots in hot_picks], [np.array(slots) for slots in cold_picks])
+    picks = Picks([np.array(slots, dtype=np.int64) for slots in hot_picks], [np.array(slots) for slots in cold_picks],
+                  np.empty((B, 0), dtype=np.int64))  # the chosen positions: not read by the segments
     dots = torch.matmul(grouped, hot_keys.transpose(2, 3))
     hot_positions = np.arange(100, 120)[None].repeat(B, 0)
     window = window_segment(grouped, window_keys, window_values, np.arange(5))

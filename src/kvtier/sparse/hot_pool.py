@@ -66,23 +66,26 @@ class HotPool:
         """The keys as [batch, heads, tiles, TILE, head_dim], a view: slot s is [..., s // TILE, s % TILE, :]."""
         return self.key_tiles.transpose(3, 4)
 
-    def dots(self, query: torch.Tensor) -> torch.Tensor:
-        """Raw q.k [batch, heads, Q, used] (float32) for query [batch, heads, Q, head_dim] (float32)."""
+    def scores(self, query: torch.Tensor, aggregation: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw q.k [batch, heads, Q, used] (float32) for query [batch, heads, Q, head_dim] (float32), and each token's
+        importance [batch, used] from them (`importance`)."""
         if compiled_dots(self.key_tiles.dtype):
-            return self._compiled_dots(query)
+            return self._compiled_scores(query, aggregation)
         tiles = self.key_tiles[:, :, : -(-self.used // TILE)]
         tiles = tiles if tiles.dtype == torch.float32 else tiles.float()
         dots = torch.matmul(query[:, :, None], tiles)  # [batch, heads, tiles, Q, TILE]
-        return dots.transpose(2, 3).flatten(3)[..., : self.used]
+        dots = dots.transpose(2, 3).flatten(3)[..., : self.used]
+        return dots, importance(dots, aggregation)
 
-    def _compiled_dots(self, query: torch.Tensor) -> torch.Tensor:
+    def _compiled_scores(self, query: torch.Tensor, aggregation: str) -> tuple[torch.Tensor, torch.Tensor]:
         batch, heads, tiles, head_dim, _ = self.key_tiles.shape
-        dots = torch.empty(batch, heads, query.shape[2], self.used)
+        dots, token_importance = torch.empty(batch, heads, query.shape[2], self.used), torch.empty(batch, self.used)
         bf16 = self.key_tiles.dtype == torch.bfloat16
         keys = self.key_tiles.view(torch.int16) if bf16 else self.key_tiles
-        _hot_dots.dots(keys.numpy(), query.contiguous().numpy(), dots.numpy(), 2 if bf16 else 4, batch * heads,
-                       query.shape[2], head_dim, tiles, self.used)
-        return dots
+        _hot_dots.dots(keys.numpy(), query.contiguous().numpy(), dots.numpy(), token_importance.numpy(),
+                       int(aggregation == "max"), 2 if bf16 else 4, batch * heads, heads, query.shape[2],
+                       head_dim, tiles, self.used)
+        return dots, token_importance
 
     def _grown(self, tensor: torch.Tensor, slots: int, dim: int) -> torch.Tensor:
         shape = list(tensor.shape)
@@ -93,7 +96,7 @@ class HotPool:
 
     def score(self, query: torch.Tensor, aggregation: str) -> torch.Tensor:
         """Raw inner-product importance [batch, used] for query [batch, heads, Q, head_dim]."""
-        return importance(self.dots(query), aggregation)
+        return self.scores(query, aggregation)[1]
 
     def keys_of(self, seq: int, slots: np.ndarray) -> torch.Tensor:
         """Sequence `seq`'s keys at `slots`, [heads, n, head_dim] (a copy)."""

@@ -212,15 +212,15 @@ class SparseLayer(WindowedLayer):
         grouped = runtime.grouped_query(query)
         if candidates is None and cold_count:
             runtime.scorer.request(self.tier, runtime.score_query(grouped).numpy(), cold_count)
-        hot_dots = self.hot.dots(grouped)
-        hot_scores = importance(hot_dots, runtime.settings.aggregation)
+        hot_dots, hot_scores = self.hot.scores(grouped, runtime.settings.aggregation)
         clock.lap("hot scores")
         window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
         clock.lap("window")
         if candidates is None:  # nothing prefetched: the wait for the scorer's answer is scoring
             cold_scores = torch.from_numpy(runtime.scorer.scores()) if cold_count else hot_scores.new_empty(len(query), 0)
             clock.lap("cold scores")
-            picks = Picks.top(hot_scores, cold_scores, runtime.settings.alpha)
+            scored = self._scored_positions(runtime.cold.positions[self.tier][:, :cold_count])
+            picks = Picks.top(hot_scores, cold_scores, scored, runtime.settings.alpha)
             chosen_scores = [row[slots] for row, slots in zip(cold_scores.numpy(), picks.cold)]
             clock.lap("choice")
             wait_cold = runtime.cold.submit_fetch(self.tier, picks.cold)
@@ -232,14 +232,13 @@ class SparseLayer(WindowedLayer):
             picks, rows, chosen_scores, cold_segment = self._pick_among(candidates.slots, cold, grouped, hot_scores,
                                                                         cold_count)
             clock.lap("cold scores")
-        positions = self._chosen_positions(picks)
-        swaps = self._plan_swaps(picks, positions, hot_scores.numpy(), chosen_scores)
+        swaps = self._plan_swaps(picks, hot_scores.numpy(), chosen_scores)
         clock.lap("plan")
         hot = self._hot_segment(hot_dots, picks)
         clock.lap("hot segment")
         if candidates is None:
             cold = wait_cold()
-            cold_segment = self._cold_segment(grouped, picks, positions, cold)
+            cold_segment = self._cold_segment(grouped, picks, cold)
         clock.lap("cold reads")
         scaling = kwargs.get("scaling")
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -248,8 +247,8 @@ class SparseLayer(WindowedLayer):
         fetch = clock.part("fetch_s")
         runtime.promotion_price.observe_fetch(fetch, picks.cold_count)
         if runtime.on_attend is not None:
-            self._report_attended(positions)
-        self._apply_swaps(swaps, picks, positions, cold, rows)
+            self._report_attended(picks.positions)
+        self._apply_swaps(swaps, picks, cold, rows)
         self.cold_picked = np.array([len(slots) for slots in picks.cold])
         self.retire()
         clock.lap("after")
@@ -316,27 +315,25 @@ class SparseLayer(WindowedLayer):
         positions = [self.runtime.cold.positions[self.tier][seq][row] for seq, row in enumerate(slots)]
         segment = cold_fetched(grouped, [(keys, values) for keys, values, _ in fetched], positions)
         scores = importance(segment.logits, self.runtime.settings.aggregation)  # padding: -inf, never among the top
-        among = Picks.top(hot_scores, scores, self.runtime.settings.alpha, pooled=hot_scores.shape[1] + cold_count)
+        among = Picks.top(hot_scores, scores, self._scored_positions(segment.positions), self.runtime.settings.alpha,
+                          pooled=hot_scores.shape[1] + cold_count)
         chosen = np.zeros(scores.shape, dtype=bool)
         for seq, rows in enumerate(among.cold):
             chosen[seq, rows] = True
         segment.logits.masked_fill_(torch.from_numpy(~chosen)[:, None, None, :], float("-inf"))
-        picks = Picks(among.hot, [row[rows] for row, rows in zip(slots, among.cold)])
+        picks = Picks(among.hot, [row[rows] for row, rows in zip(slots, among.cold)], among.positions)
         return picks, among.cold, [row[rows] for row, rows in zip(scores.numpy(), among.cold)], segment.to(self.device)
 
-    def _chosen_positions(self, picks: Picks) -> np.ndarray:
-        """Token positions [B, k] of the chosen tokens, in the order of their logits (hot, then cold)."""
-        cold_positions = self.runtime.cold.positions[self.tier]
-        return np.stack([np.concatenate([self.hot.positions[seq][hot], cold_positions[seq][cold]])
-                         for seq, (hot, cold) in enumerate(zip(picks.hot, picks.cold))]).astype(np.int64)
+    def _scored_positions(self, cold: np.ndarray) -> np.ndarray:
+        """Positions [B, hot + n] of the hot pool's tokens, then of the scored cold tokens `cold` [B, n]."""
+        return np.concatenate([self.hot.positions[:, : self.hot.used], cold], axis=1)
 
     def _hot_segment(self, hot_dots: torch.Tensor, picks: Picks) -> Segment:
         """The chosen hot tokens, on the compute device."""
         return hot_chosen(hot_dots, self.hot.values, self.hot.positions[:, : self.hot.used], picks).to(self.device)
 
-    def _cold_segment(self, grouped: torch.Tensor, picks: Picks, positions: np.ndarray, cold: list) -> Segment:
-        return cold_fetched(grouped, [(keys, values) for keys, values, _ in cold],
-                            _cold_part(picks, positions)).to(self.device)
+    def _cold_segment(self, grouped: torch.Tensor, picks: Picks, cold: list) -> Segment:
+        return cold_fetched(grouped, [(keys, values) for keys, values, _ in cold], picks.cold_positions).to(self.device)
 
     def _report_attended(self, chosen: np.ndarray) -> None:
         """Tell the evaluation watcher the positions attended: sink, chosen, recent (with the new token)."""
@@ -344,26 +341,25 @@ class SparseLayer(WindowedLayer):
         sink = self.sink_tokens
         self.runtime.on_attend(self.layer_idx, np.concatenate([window[:, :sink], chosen, window[:, sink:]], axis=1))
 
-    def _plan_swaps(self, picks: Picks, positions: np.ndarray, hot_scores: np.ndarray,
-                    cold_scores: list[np.ndarray]) -> list[Swaps]:
+    def _plan_swaps(self, picks: Picks, hot_scores: np.ndarray, cold_scores: list[np.ndarray]) -> list[Swaps]:
         """Record the step in the hit table; the policy's swaps per sequence (bounded; most steps none).
         `cold_scores`: per sequence, the scores of its chosen cold tokens."""
-        self.table.record(positions)
+        self.table.record(picks.positions)
         policy = self.runtime.policy
         if policy is None:
             return [NO_SWAPS] * len(picks.cold)
         hot_positions = self.hot.positions[:, : self.hot.used]
-        planning = policy.may_promote(self.table, positions, np.array([len(hot) for hot in picks.hot]), hot_positions)
+        planning = policy.may_promote(self.table, picks.positions, np.array([len(hot) for hot in picks.hot]),
+                                      hot_positions)
         return [policy.plan(self.table, seq, cold_positions, cold_scores[seq], hot_positions[seq],
                             hot_scores[seq]) if planning[seq] else NO_SWAPS
-                for seq, cold_positions in enumerate(_cold_part(picks, positions))]
+                for seq, cold_positions in enumerate(picks.cold_positions)]
 
-    def _apply_swaps(self, plans: list[Swaps], picks: Picks, positions: np.ndarray, cold: list,
-                     rows: list[np.ndarray] | None) -> None:
+    def _apply_swaps(self, plans: list[Swaps], picks: Picks, cold: list, rows: list[np.ndarray] | None) -> None:
         """Promote the planned cold tokens (their K/V just fetched, in `cold`; each sequence's chosen ones at `rows`,
         or all of them in order when None) into the victims' hot slots, and back."""
         cold_pool = self.runtime.cold
-        for seq, (swaps, cold_positions) in enumerate(zip(plans, _cold_part(picks, positions))):
+        for seq, (swaps, cold_positions) in enumerate(zip(plans, picks.cold_positions)):
             if not len(swaps):
                 continue
             cold_slots = picks.cold[seq]
@@ -383,8 +379,3 @@ class SparseLayer(WindowedLayer):
             if step is not None:
                 step.promotions += len(swaps)
                 step.demotions += len(swaps)
-
-
-def _cold_part(picks: Picks, positions: np.ndarray) -> list[np.ndarray]:
-    """Per sequence, the positions of the chosen cold tokens: the tail of its row of chosen positions."""
-    return [row[len(hot) :] for row, hot in zip(positions, picks.hot)]

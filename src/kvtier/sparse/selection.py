@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from kvtier.kv.gather import select_columns
 from kvtier.sparse.top_share import top_share
@@ -33,22 +32,33 @@ from kvtier.sparse.top_share import top_share
 
 @dataclass
 class Picks:
-    """Per sequence, the chosen hot slots and cold slots (each ascending); k = hot + cold for every sequence."""
+    """Per sequence, the chosen hot slots and cold slots (each ascending), and the chosen tokens' positions [B, k],
+    each row its hot ones first; k = hot + cold for every sequence."""
 
     hot: list[np.ndarray]
     cold: list[np.ndarray]
+    positions: np.ndarray
 
     @classmethod
-    def top(cls, hot_scores: torch.Tensor, cold_scores: torch.Tensor, alpha: float, pooled: int | None = None) -> Picks:
-        """The top-alpha share of the pooled tokens by score (hot [B, Nh], cold [B, Nc]); `pooled`: the pool's size
-        when the cold scores cover only some of its cold tokens (the lookahead's candidates)."""
+    def top(cls, hot_scores: torch.Tensor, cold_scores: torch.Tensor, positions: np.ndarray, alpha: float,
+            pooled: int | None = None) -> Picks:
+        """The top-alpha share of the pooled tokens by score (hot [B, Nh], cold [B, Nc]; `positions` [B, Nh + Nc] the
+        scored tokens'); `pooled`: the pool's size when the cold scores cover only some of its cold tokens (the
+        lookahead's candidates)."""
         scores = np.concatenate([hot_scores.numpy(), cold_scores.numpy()], axis=1)
         pooled = scores.shape[1] if pooled is None else pooled
         chosen = top_share(scores, min(math.ceil(alpha * pooled), scores.shape[1]))
         hot_used = hot_scores.shape[1]
         splits = (chosen < hot_used).sum(axis=1).tolist()  # ascending rows: the hot slots come first
+        flat = chosen + np.arange(len(chosen))[:, None] * positions.shape[1]  # take_along_axis took 3x as long
         return cls([row[:split] for row, split in zip(chosen, splits)],
-                   [row[split:] - hot_used for row, split in zip(chosen, splits)])
+                   [row[split:] - hot_used for row, split in zip(chosen, splits)],
+                   np.ascontiguousarray(positions).reshape(-1).take(flat))
+
+    @property
+    def cold_positions(self) -> list[np.ndarray]:
+        """Per sequence, the positions of the chosen cold tokens: the tail of its row."""
+        return [row[len(hot) :] for row, hot in zip(self.positions, self.hot)]
 
     @property
     def hot_count(self) -> int:
@@ -100,10 +110,18 @@ def cold_fetched(query: torch.Tensor, fetched: list[tuple[torch.Tensor, torch.Te
         else:
             keys, values = torch.stack([keys for keys, _ in fetched]), torch.stack([values for _, values in fetched])
         return Segment(torch.matmul(query, keys.float().transpose(2, 3)), values, np.stack(positions))
-    # one padding op per tensor, tokens first ([n, heads, head_dim]): a copy per sequence cost ~3x more at batch 8
-    keys, values = (pad_sequence([part[i].transpose(0, 1) for part in fetched], batch_first=True).transpose(1, 2)
-                    for i in (0, 1))
-    padding = np.arange(keys.shape[2]) >= np.array(counts)[:, None]
+    # each sequence's K/V copied into one contiguous [B, Hkv, n, D] pair: torch's products over the padded tokens-first
+    # tensors (pad_sequence's, then transposed) copied them again, slower, inside the product (docs/decisions.md)
+    width, (first_keys, first_values) = max(counts), fetched[0]
+    keys = first_keys.new_empty(len(fetched), first_keys.shape[0], width, first_keys.shape[2])
+    values = first_values.new_empty(keys.shape)
+    for seq, (seq_keys, seq_values) in enumerate(fetched):
+        count = seq_keys.shape[1]
+        keys[seq, :, :count] = seq_keys
+        values[seq, :, :count] = seq_values
+        keys[seq, :, count:] = 0  # the padding: its logits are set to -inf below, its values weighted by zero
+        values[seq, :, count:] = 0
+    padding = np.arange(width) >= np.array(counts)[:, None]
     padded = np.zeros(padding.shape, dtype=np.int64)
     for seq, seq_positions in enumerate(positions):
         padded[seq, : len(seq_positions)] = seq_positions
