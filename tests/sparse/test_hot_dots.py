@@ -35,16 +35,19 @@ def test_dots_and_importance_equal_torch_for_every_group_and_tail(dtype, group, 
 
 @pytest.mark.parametrize("dtype, compiled", [(torch.bfloat16, True), (torch.float32, True), (torch.float16, False)])
 @pytest.mark.parametrize("group", [3, 7])
-def test_a_pool_scores_as_torch_whichever_computes_it(dtype, compiled, group):
+@pytest.mark.parametrize("aggregation", ["sum", "max"])
+def test_a_pool_scores_as_torch_whichever_computes_it(dtype, compiled, group, aggregation):
     keys = _small_integers((2, 3, 50, 64), seed=1).to(dtype)
     pool = HotPool(2, 3, 64, dtype)
     pool.append(keys, keys, np.arange(50)[None].repeat(2, axis=0))
     query = _small_integers((2, 3, group, 64), seed=2)
     assert compiled_dots(dtype) == compiled
-    dots, token_importance = pool.scores(query, "sum")
+    dots, token_importance = pool.scores(query, aggregation)
     expected = torch.matmul(query, keys.float().transpose(2, 3))
     torch.testing.assert_close(dots, expected, rtol=0, atol=0)
-    torch.testing.assert_close(token_importance, expected.sum(dim=(1, 2)), rtol=0, atol=0)
+    by_token = expected.flatten(1, 2)
+    torch.testing.assert_close(token_importance, by_token.sum(dim=1) if aggregation == "sum" else by_token.amax(dim=1),
+                               rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("change, message", [

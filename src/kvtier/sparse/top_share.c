@@ -28,8 +28,8 @@ static inline uint32_t order_key(float value) {
 
 /* The key of the rank-th largest (from 0) of keys[0..n), digit by digit from the top: each pass counts the digits,
    finds the digit holding that rank and keeps only the keys that share it, in `work` and `spare` by turns. Branch-free
-   passes: a comparison-based selection's partition branches mispredicted about half the time on these scores, at
-   several times the cost (docs/decisions.md). `*above`: how many keys are larger than the one returned. */
+   passes: a comparison-based selection, whose partition branches go either way on these scores, cost several times
+   as much (docs/decisions.md). `*above`: how many keys are larger than the one returned. */
 static uint32_t kth_largest_key(const uint32_t *keys, uint32_t *work, uint32_t *spare, Py_ssize_t n, Py_ssize_t rank,
                                 Py_ssize_t *above) {
     uint32_t counts[1 << DIGIT_BITS];
