@@ -115,16 +115,15 @@ def cold_fetched(query: torch.Tensor, fetched: list[tuple[torch.Tensor, torch.Te
     width, (first_keys, first_values) = max(counts), fetched[0]
     keys = first_keys.new_empty(len(fetched), first_keys.shape[0], width, first_keys.shape[2])
     values = first_values.new_empty(keys.shape)
-    for seq, (seq_keys, seq_values) in enumerate(fetched):
+    padded = np.zeros((len(fetched), width), dtype=np.int64)
+    for seq, ((seq_keys, seq_values), seq_positions) in enumerate(zip(fetched, positions)):
         count = seq_keys.shape[1]
         keys[seq, :, :count] = seq_keys
         values[seq, :, :count] = seq_values
         keys[seq, :, count:] = 0  # the padding: its logits are set to -inf below, its values weighted by zero
         values[seq, :, count:] = 0
+        padded[seq, :count] = seq_positions
     padding = np.arange(width) >= np.array(counts)[:, None]
-    padded = np.zeros(padding.shape, dtype=np.int64)
-    for seq, seq_positions in enumerate(positions):
-        padded[seq, : len(seq_positions)] = seq_positions
     logits = torch.matmul(query, keys.float().transpose(2, 3)).masked_fill(torch.from_numpy(padding)[:, None, None, :],
                                                                            float("-inf"))
     return Segment(logits, values, padded)
