@@ -9,6 +9,7 @@ import torch
 
 from kvtier.errors import ChecksumError
 from kvtier.sparse.candidate_reads import CandidateReader, best
+from kvtier.sparse.candidates_first import CandidatesFirst
 from kvtier.sparse.cold_pool import ColdPool, kv_record_bytes
 from kvtier.sparse.protocol import AREAS, CONTROL_CANDIDATE_READ_BYTES, Channel, ChannelSpec
 from kvtier.sparse.record_file import RecordFile, RecordLayout
@@ -182,4 +183,32 @@ def test_candidates_are_read_where_their_bytes_lie_the_run_or_a_stored_image(tmp
         own.remove()
         own.pages = None
         image.close()
+    channel.close()
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_candidate_reads_hold_the_sketch_read_ahead_until_they_land_or_fail(tmp_path, damaged, quiet_waiter):
+    record = kv_record_bytes(HEADS, HEAD_DIM, torch.float32)
+    channel = Channel.create(ChannelSpec(1, 1, HEADS, 1, HEAD_DIM, 64, record, 16))
+    with IOEngine(2) as io:
+        own = RecordFile(str(tmp_path / "own.kv"), RecordLayout(record, 1, 1, 64), io,
+                         page_checksums=channel.kv_checksums)
+        own.write_records(0, 0, np.arange(64), np.random.default_rng(3).integers(0, 256, (64, record), dtype=np.uint8))
+        if damaged:
+            fd = os.open(own.path, os.O_RDWR)
+            os.pwrite(fd, bytes([os.pread(fd, 1, 5)[0] ^ 0xFF]), 5)  # in slot 0, the best
+            os.close(fd)
+        channel.results["score"][0, 0, :64] = np.arange(64)[::-1]
+        channel.counts[0, 0] = 4
+        first = CandidatesFirst()
+        fill = CandidateReader(channel, 0, own, first=first).submit(0, 64)
+        returned = quiet_waiter(first)
+        assert not returned.wait(0.2)  # queued, not yet waited for
+        if damaged:
+            with pytest.raises(ChecksumError):
+                fill()
+        else:
+            fill()
+        assert returned.wait(10)
+        own.remove()
     channel.close()

@@ -49,6 +49,31 @@ def _expected(layer_keys, channel):
     return score(quantize(layer_keys, FMT), channel.query[0, 0], FMT, "sum")
 
 
+def test_a_prepared_layer_is_read_once_no_candidate_read_is_in_flight(scorer):
+    sketch_scorer, channel, _, keys = scorer
+    sketch_scorer.first.begin()
+    try:
+        reading = sketch_scorer.prepare(1)
+        with pytest.raises(TimeoutError):
+            reading.result(timeout=0.2)
+        assert _read_bytes(channel) == 0
+    finally:
+        sketch_scorer.first.end()
+    reading.result(timeout=10)
+    sketch_scorer.score_layer(1, 0, TOKENS)
+    np.testing.assert_array_equal(_scores(channel), _expected(keys[1], channel))
+
+
+def test_a_request_reads_its_layer_even_while_candidate_reads_are_in_flight(scorer):
+    sketch_scorer, channel, _, keys = scorer
+    sketch_scorer.first.begin()
+    try:
+        sketch_scorer.score_layer(0, 0, TOKENS)  # what the host waits for does not wait
+    finally:
+        sketch_scorer.first.end()
+    np.testing.assert_array_equal(_scores(channel), _expected(keys[0], channel))
+
+
 def test_a_prepared_layer_is_scored_without_reading_again(scorer):
     sketch_scorer, channel, _, keys = scorer
     sketch_scorer.prepare(1).result()

@@ -37,6 +37,7 @@ Files (one concept each):
     scorer_process.py  the storage-side scorer process (`python -m kvtier.sparse.scorer_process`): scoring, and
                        for the lookahead, its candidates' reads
     candidate_reads.py the scorer's reads of the lookahead's candidates: best-scored slots, K/V checked, handed over
+    candidates_first.py the scorer's disk: the next layer's sketch read waits while candidate reads are in flight
     slot_reads.py      reading cold slots' K/V where they lie (own file or a stored image's), host and scorer alike
     scorer_client.py   host side, the layers' one seam to the scorer: start, request/scores, death/hang
                        detection, host fallback, restart

@@ -19,7 +19,8 @@ read starts once layer l is answered, so the disk serves the request's
 candidate reads alone, unless the scorer falls behind the host (the read
 would not be done by the next request): then it starts as soon as layer l's
 sketches are in hand and overlaps its scoring and candidate reads
-(`PrepareTiming`). Behind, it also scores the next request while the one
+(`PrepareTiming`), yielding the disk to candidate reads in flight
+(candidates_first.py). Behind, it also scores the next request while the one
 before waits for its candidate reads (`Answers`). On start it answers request
 id 0 (ready). It exits when the request pipe closes (the host is gone) or on
 a stop request.
@@ -38,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtier.sparse.candidate_reads import CandidateReader
+from kvtier.sparse.candidates_first import CandidatesFirst
 from kvtier.sparse.protocol import (
     AREAS, OP_CANDIDATES, OP_STOP, RESPONSE, STATUS_FAILED, STATUS_OK, Channel, ChannelSpec, Request, read_exact,
 )
@@ -57,6 +59,7 @@ class StorageScorer:
         self.io = IOEngine(config["io_threads"])
         prefetch_io = IOEngine(config["io_threads"])
         self._engines, self._files = [self.io, prefetch_io], []
+        first = CandidatesFirst()  # the disk serves what the host waits for before the next layer's sketches
         self.fd, self.sketches, self.candidates = -1, None, []
         try:
             self.fd, _ = open_for_reading(config["sketch_path"])
@@ -64,14 +67,15 @@ class StorageScorer:
                 self.fd, RecordLayout(**config["layout"]), SketchFormat(**config["format"]), channel,
                 config["aggregation"], config["block_tokens"], self.io, memory_budget=memory_budget,
                 crash_after_blocks=crash_after_blocks,
-                stored=StoredSketches(config["stored"]) if config.get("stored") else None, prefetch_io=prefetch_io)
+                stored=StoredSketches(config["stored"]) if config.get("stored") else None, prefetch_io=prefetch_io,
+                first=first)
             if channel.spec.candidates:
-                self.candidates = [self._candidate_reader(config, channel, area) for area in range(AREAS)]
+                self.candidates = [self._candidate_reader(config, channel, area, first) for area in range(AREAS)]
         except BaseException:
             self.close()
             raise
 
-    def _candidate_reader(self, config: dict, channel: Channel, area: int) -> CandidateReader:
+    def _candidate_reader(self, config: dict, channel: Channel, area: int, first: CandidatesFirst) -> CandidateReader:
         """An area's reader, with engines of its own: one batch in flight per engine at a time."""
         kv, stored = config["kv"], config.get("stored_kv")
         layout = RecordLayout(**kv["layout"])
@@ -81,7 +85,7 @@ class StorageScorer:
         if stored:
             base = self._file(stored["path"], RecordLayout(**stored["layout"]), stored_pages(stored),
                               config["io_threads"])
-        return CandidateReader(channel, area, own, base)
+        return CandidateReader(channel, area, own, base, first)
 
     def _file(self, path: str, layout: RecordLayout, pages: PageChecksums, io_threads: int) -> RecordFile:
         self._engines.append(IOEngine(io_threads))

@@ -9,7 +9,9 @@ sequences in flight together) and scored from their codes (sketch.py). The
 scorer process knows the layer order: it *prepares* layer l + 1 while the
 host computes up to that layer's query, reading its sketches on a thread of
 their own into the second of two buffer sets, so the read may also overlap
-the scoring of layer l (scorer_process.py says when it starts). A prepared
+the scoring of layer l (scorer_process.py says when it starts), one
+sequence at a time and only while no candidate read is in flight
+(candidates_first.py): the host waits for those. A prepared
 layer is used only while the host has not rewritten it (its version counter
 and cold-token count in the channel are unchanged); otherwise the request
 reads the disk.
@@ -31,11 +33,13 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
 
+from kvtier.sparse.candidates_first import CandidatesFirst
 from kvtier.sparse.protocol import CONTROL_SCORER_READ_BYTES, Channel
 from kvtier.sparse.record_file import RecordLayout
 from kvtier.sparse.sketch import SketchFormat, score
@@ -72,9 +76,11 @@ class SketchScorer:
 
     def __init__(self, fd: int, layout: RecordLayout, fmt: SketchFormat, channel: Channel, aggregation: str,
                  block_tokens: int, io: IOEngine, memory_budget: int = 0, crash_after_blocks: int = -1,
-                 stored: StoredSketches | None = None, prefetch_io: IOEngine | None = None) -> None:
+                 stored: StoredSketches | None = None, prefetch_io: IOEngine | None = None,
+                 first: CandidatesFirst | None = None) -> None:
         """`prefetch_io`: the engine prepared layers are read through (their own, so that the reads a request
-        waits for do not queue behind them); default `io`."""
+        waits for do not queue behind them); default `io`. `first`: the candidate reads in flight, which a
+        prepared layer's read waits for before each sequence."""
         self.fd = fd
         self.stored = stored  # a stored image's sketches, read in place where the channel's overlay is 0
         self.layout = layout
@@ -84,6 +90,7 @@ class SketchScorer:
         self.block_tokens = block_tokens
         self.io = io
         self.prefetch_io = prefetch_io or io
+        self.first = first or CandidatesFirst()
         self.memory_budget = memory_budget
         self.crash_after_blocks = crash_after_blocks  # fault injection for tests only (-1: never)
         self._blocks_scored = 0
@@ -146,7 +153,7 @@ class SketchScorer:
 
     def _timed_load(self, layer: int, count: int, version: int, buffers: int) -> list[np.ndarray]:
         started = time.perf_counter()
-        records = self._load(layer, count, version, buffers, io=self.prefetch_io)
+        records = self._load(layer, count, version, buffers, io=self.prefetch_io, yielding=True)
         self.last_read_s = time.perf_counter() - started
         return records
 
@@ -167,10 +174,11 @@ class SketchScorer:
             self._maybe_crash()
 
     def _load(self, layer: int, count: int, version: int, buffers: int, seqs: list[int] | None = None,
-              io: IOEngine | None = None) -> list[np.ndarray]:
+              io: IOEngine | None = None, yielding: bool = False) -> list[np.ndarray]:
         """Sketch records of the first `count` cold tokens of each of `seqs` (default: all), read together into
-        buffer set `buffers` through `io` (default the request's engine); `version`: the layer's version read
-        before the count (what a cached copy is valid for)."""
+        buffer set `buffers` through `io` (default the request's engine), or with `yielding` one sequence at a
+        time once no candidate read is in flight; `version`: the layer's version read before the count (what a
+        cached copy is valid for)."""
         seqs = list(range(self.layout.batch)) if seqs is None else seqs
         records: dict[int, np.ndarray] = {}
         from_disk = []
@@ -182,12 +190,21 @@ class SketchScorer:
                 from_disk.append(seq)
                 buffer = self._buffers[buffers][seq]
                 records[seq] = buffer[: count * self.layout.record_bytes].reshape(count, self.layout.record_bytes)
-        if count and from_disk:
-            read = self._read(io or self.io, layer, count, {seq: self._buffers[buffers][seq] for seq in from_disk})
+        for part in self._parts(from_disk, yielding) if count else []:
+            read = self._read(io or self.io, layer, count, {seq: self._buffers[buffers][seq] for seq in part})
             self.channel.control[CONTROL_SCORER_READ_BYTES] += read
         for seq in from_disk:
             self._remember(layer, seq, version, records[seq])
         return [records[seq] for seq in seqs]
+
+    def _parts(self, seqs: list[int], yielding: bool) -> Iterator[list[int]]:
+        """`seqs` read together; or, `yielding`, one at a time, each once no candidate read is in flight."""
+        if not yielding:
+            yield from [seqs] if seqs else []
+            return
+        for seq in seqs:
+            self.first.wait_quiet()
+            yield [seq]
 
     def _read(self, io: IOEngine, layer: int, count: int, buffers: dict[int, np.ndarray]) -> int:
         """The first `count` sketches of each sequence in `buffers` into its buffer, read together; the bytes
