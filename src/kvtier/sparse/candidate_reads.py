@@ -32,7 +32,7 @@ from kvtier.sparse.top_share import top_share
 class CandidateReader:
     """Fills one request area's candidates from the K|V file `own` (and a stored image's, `base`). Each area has its
     own reader, files and I/O engines, so one area's reads may be in flight while the others' are queued. `first`: the
-scorer's count of candidate reads in flight, which the sketch read ahead yields to."""
+    scorer's count of candidate reads in flight, which its sketch read ahead yields to."""
 
     def __init__(self, channel: Channel, area: int, own: RecordFile, base: RecordFile | None = None,
                  first: CandidatesFirst | None = None) -> None:
