@@ -190,9 +190,10 @@ class SketchScorer:
                 from_disk.append(seq)
                 buffer = self._buffers[buffers][seq]
                 records[seq] = buffer[: count * self.layout.record_bytes].reshape(count, self.layout.record_bytes)
-        for part in self._parts(from_disk, yielding) if count else []:
-            read = self._read(io or self.io, layer, count, {seq: self._buffers[buffers][seq] for seq in part})
-            self.channel.control[CONTROL_SCORER_READ_BYTES] += read
+        if count and from_disk:
+            for part in self._parts(from_disk, yielding):
+                read = self._read(io or self.io, layer, count, {seq: self._buffers[buffers][seq] for seq in part})
+                self.channel.control[CONTROL_SCORER_READ_BYTES] += read
         for seq in from_disk:
             self._remember(layer, seq, version, records[seq])
         return [records[seq] for seq in seqs]
@@ -200,7 +201,7 @@ class SketchScorer:
     def _parts(self, seqs: list[int], yielding: bool) -> Iterator[list[int]]:
         """`seqs` read together; or, `yielding`, one at a time, each once no candidate read is in flight."""
         if not yielding:
-            yield from [seqs] if seqs else []
+            yield seqs
             return
         for seq in seqs:
             self.first.wait_quiet()
