@@ -45,7 +45,7 @@ class KVConfig:
     io_threads: int = 8
     # sparse mode and baselines (kvtier.sparse.settings.SparseSettings documents each)
     alpha: float = 0.2
-    score_bits: int = 8
+    score_bits: int = SparseSettings.score_bits
     beta: str | float = "auto"
     sink: int = 4
     recent: int = 64

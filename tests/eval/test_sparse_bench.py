@@ -30,6 +30,9 @@ def test_the_lookahead_row_covers_the_layers_it_predicts():
     recall = selection_recall(model, record(model, ids, 1000), 0.2)
     assert 0.0 < recall["lookahead-sum-int8"]["recall"] <= 1.0
     assert recall["lookahead-sum-int8"] != recall["sum-int8"]
+    for bits in (8, 4):  # the path's own choice, with and without the lookahead
+        assert 0.0 < recall[f"sum-int{bits} shortlist"]["recall"] <= 1.0
+        assert recall[f"lookahead-sum-int{bits} shortlist"] != recall[f"sum-int{bits} shortlist"]
 
 
 def _empty_result(score_bits: int) -> dict:
@@ -39,15 +42,15 @@ def _empty_result(score_bits: int) -> dict:
 
 
 def test_result_files_keep_a_dotted_model_name_whole(tmp_path):
-    write_results(_empty_result(8), tmp_path)
+    write_results(_empty_result(4), tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["sparse-qwen2.5-0.5b-256-b1.json",
                                                                 "sparse-qwen2.5-0.5b-256-b1.md"]
 
 
-def test_an_int4_run_does_not_overwrite_the_int8_result(tmp_path):
-    write_results(_empty_result(8), tmp_path)
+def test_an_int8_run_does_not_overwrite_the_default_int4_result(tmp_path):
     write_results(_empty_result(4), tmp_path)
+    write_results(_empty_result(8), tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == [
-        "sparse-qwen2.5-0.5b-256-b1-int4.json", "sparse-qwen2.5-0.5b-256-b1-int4.md",
+        "sparse-qwen2.5-0.5b-256-b1-int8.json", "sparse-qwen2.5-0.5b-256-b1-int8.md",
         "sparse-qwen2.5-0.5b-256-b1.json", "sparse-qwen2.5-0.5b-256-b1.md"]
-    assert "INT4 sketches" in (tmp_path / "sparse-qwen2.5-0.5b-256-b1-int4.md").read_text()
+    assert "INT8 sketches" in (tmp_path / "sparse-qwen2.5-0.5b-256-b1-int8.md").read_text()

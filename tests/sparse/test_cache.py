@@ -103,6 +103,35 @@ def test_sparse_attention_reads_a_fraction_of_the_cold_pool(tiny_llama, tmp_path
         cache.close()
 
 
+def _steps_with_sketch_scores(model, tmp_path, ids, scores_of, **settings):
+    """The logits of 6 steps (no lookahead: every layer asks the scorer for scores), the scorer's scores passed
+    through `scores_of` on their way to the layer."""
+    tmp_path.mkdir()
+    cache = _sparse(model, tmp_path, 420, alpha=0.1, lookahead=False, **settings)
+    scorer = cache.runtime.scorer
+    real = scorer.scores
+    scorer.scores = lambda: scores_of(real())
+    try:
+        return _run(model, cache, ids, 6)
+    finally:
+        cache.close()
+
+
+def test_the_sketches_draw_up_the_shortlist_and_exact_scores_choose(tiny_llama, tmp_path):
+    """With every cold token shortlisted the choice is the exact top-alpha whatever the sketches say: INT4 and INT8
+    sketches, or their scores upside down, attend the same tokens. With the narrowest shortlist the scores upside
+    down do change the choice: the shortlist is drawn from them."""
+    ids = _ids(1, 400, 3)
+    everything = {"candidate_margin": 1000.0}
+    as_they_are = _steps_with_sketch_scores(tiny_llama, tmp_path / "a", ids, lambda scores: scores, **everything)
+    upside_down = _steps_with_sketch_scores(tiny_llama, tmp_path / "b", ids, lambda scores: -scores, **everything)
+    int4 = _steps_with_sketch_scores(tiny_llama, tmp_path / "c", ids, lambda scores: scores, score_bits=4,
+                                     **everything)
+    assert torch.equal(as_they_are, upside_down) and torch.equal(as_they_are, int4)
+    narrow = _steps_with_sketch_scores(tiny_llama, tmp_path / "d", ids, lambda scores: -scores, candidate_margin=1.0)
+    assert not torch.equal(as_they_are, narrow)
+
+
 # the second layer's candidates prefetched with a predicted query (lookahead.py), however small its cold pool
 LOOKAHEAD = {"lookahead_skip": 1, "lookahead_min_cold": 1}
 # ... or scored as they come

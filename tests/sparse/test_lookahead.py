@@ -78,7 +78,7 @@ def test_a_norm_the_fold_does_not_reproduce_keeps_the_models_own_ops(monkeypatch
     torch.testing.assert_close(predicted[1], real.sum(dim=2, keepdim=True))
 
 
-@pytest.mark.parametrize("settings", [{"lookahead_margin": 0.5}, {"lookahead_skip": 0}, {"lookahead_min_cold": 0}])
+@pytest.mark.parametrize("settings", [{"candidate_margin": 0.5}, {"lookahead_skip": 0}, {"lookahead_min_cold": 0}])
 def test_bad_lookahead_settings_are_refused(settings):
     with pytest.raises(ConfigError, match="lookahead"):
         SparseSettings(**settings).validated()

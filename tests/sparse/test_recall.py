@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.sparse.recall import edge_mass, estimate, exact_mass, recall_at
+from kvtier.sparse.recall import edge_mass, estimate, exact_mass, recall_at, shortlisted
 
 
 def test_exact_mass_is_one_per_query_head():
@@ -33,3 +33,14 @@ def test_edge_mass_shares_of_first_and_last_tokens():
     assert edge_mass(mass, 0, 1) == pytest.approx(0.3)
     assert edge_mass(mass, 1, 1) == pytest.approx(0.7)
     assert edge_mass(mass, 4, 4) == pytest.approx(1.0)  # windows never count a token twice
+
+
+def test_a_shortlist_keeps_the_exact_scores_of_the_tokens_the_estimate_ranks_best():
+    """The estimate's best ceil(1.5 x 2) = 3 tokens keep their exact scores, so the top-2 is the exact top-2 among
+    them (tokens 2 and 1), not the estimate's (0 and 1) nor the exact one overall (5 and 4)."""
+    importance = np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.0])
+    exact = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    chosen = shortlisted(importance, exact, k=2, margin=1.5)
+    assert chosen.tolist() == [0.0, 1.0, 2.0, -np.inf, -np.inf, -np.inf]
+    mass = np.array([0.0, 0.1, 0.2, 0.0, 0.0, 0.7])
+    assert recall_at(mass, chosen, 2) == (0.5, pytest.approx(0.3 / 0.9))

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.sparse.selection import Picks, Segment, cold_fetched, exact_attention, hot_chosen, window_segment
+from kvtier.sparse.selection import (MIN_CANDIDATES, Picks, Segment, candidate_counts, cold_fetched, exact_attention,
+                                     hot_chosen, shortlist, window_segment)
 
 B, HKV, G, D = 2, 2, 3, 8
 
@@ -55,6 +56,24 @@ def test_picks_take_the_top_alpha_share_and_split_hot_from_cold():
     assert picks.positions.tolist() == [[10, 12, 50], [23, 60, 61]]  # each row's hot tokens first
     assert [list(p) for p in picks.cold_positions] == [[50], [60, 61]]
     assert picks.hot_count + picks.cold_count == 2 * math.ceil(3 / 7 * 7)
+
+
+def test_candidate_counts_are_the_margin_times_the_picks_within_the_pool():
+    counts = candidate_counts(1.5, np.array([0, 20, 40, 300]), cold_tokens=100, least=0)
+    assert counts.tolist() == [MIN_CANDIDATES, 30, 60, 100]
+    assert candidate_counts(1.5, np.array([0, 40]), cold_tokens=100, least=70).tolist() == [70, 70]
+
+
+def test_the_shortlist_is_the_best_sketch_scores_margin_times_the_cold_picks():
+    """30 hot and 40 cold tokens, top-20: row 0's hot scores lose to every cold one, so the top-20 takes 20 cold
+    tokens and the shortlist is the 30 best cold; row 1's hot scores win, no cold token is taken, and the shortlist
+    is the MIN_CANDIDATES best."""
+    cold = np.stack([np.random.default_rng(seed).permutation(40).astype(np.float32) for seed in (0, 1)])
+    hot = np.array([[-1.0] * 30, [100.0] * 30], dtype=np.float32)
+    slots = shortlist(hot, cold, alpha=20 / 70, margin=1.5, least=0)
+    assert slots[0].tolist() == np.flatnonzero(cold[0] >= 10).tolist()
+    assert slots[1].tolist() == np.flatnonzero(cold[1] >= 40 - MIN_CANDIDATES).tolist()
+    assert [len(row) for row in shortlist(hot, cold, alpha=20 / 70, margin=1.5, least=35)] == [35, 35]
 
 
 @pytest.mark.parametrize("seed, hot_picks, cold_picks", [(2, [[1, 4, 7, 19], [0, 2]], [[3], [0, 5, 8]]),

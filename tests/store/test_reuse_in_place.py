@@ -163,10 +163,10 @@ def test_a_partly_shared_prompt_places_the_rest_itself(tiny_llm, document, store
 
 def test_another_sparse_layout_is_ignored_with_a_message(tiny_llm, document, store, sparse, caplog):
     ask(tiny_llm, document, store, FIRST, sparse)
-    int4 = KVConfig(**{**vars(sparse), "score_bits": 4})
-    cold = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, int4, progress=False)
+    int8 = KVConfig(**{**vars(sparse), "score_bits": 8})  # the default is 4
+    cold = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, int8, progress=False)
     with caplog.at_level(logging.WARNING):
-        warm = ask(tiny_llm, document, store, SECOND, int4)
+        warm = ask(tiny_llm, document, store, SECOND, int8)
     assert "other sparse settings" in caplog.text and "bits" in caplog.text
     assert warm.reused_prompt_tokens > 0 and warm.token_ids == cold.token_ids and len(store.entries()) == 1
 

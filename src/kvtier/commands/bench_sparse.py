@@ -43,6 +43,8 @@ from kvtier.commands.store_options import add_store_options, store_from
 from kvtier.data.corpus import CORPUS_NAMES
 from kvtier.eval.sparse_bench import SparseBench, run_sparse_benchmark, write_results
 from kvtier.models.loader import load_model
+from kvtier.sparse.settings import SparseSettings
+from kvtier.sparse.sketch import SCORE_BITS
 from kvtier.threads import machine_threads
 
 
@@ -59,7 +61,8 @@ def add_parser(subparsers) -> None:
                         help="rounds of every mode, alternating (dense, offload, sparse, dense, ...): the machine's "
                              "speed drifts, so ratios are taken within a round")
     parser.add_argument("--alpha", type=float, default=0.2)
-    parser.add_argument("--score-bits", type=int, choices=(8, 4), default=8)
+    parser.add_argument("--score-bits", type=int, choices=SCORE_BITS, default=SparseSettings.score_bits,
+                        help="key sketch precision (they draw up the cold shortlist)")
     parser.add_argument("--beta", default="auto")
     parser.add_argument("--host-share", type=float, default=0.4, help="host budget as a share of the prompt's KV")
     parser.add_argument("--policies", default="hit,naive", help="migration policies to run the sparse path with")

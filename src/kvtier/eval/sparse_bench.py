@@ -36,8 +36,9 @@ from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import SparseCache
 from kvtier.sparse.lookahead import QueryForecast, is_predicted
 from kvtier.sparse.planner import load_or_calibrate
-from kvtier.sparse.recall import ESTIMATES, edge_mass, estimate, exact_mass, recall_at
+from kvtier.sparse.recall import ESTIMATES, edge_mass, estimate, exact_mass, recall_at, shortlisted
 from kvtier.sparse.settings import SparseSettings
+from kvtier.sparse.sketch import SCORE_BITS
 from kvtier.store import DocumentStore
 from kvtier.threads import decoding, describe_threads, thread_settings
 from kvtier.units import format_size
@@ -231,7 +232,8 @@ def _rates_text(row: dict) -> str:
 def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
     """Recall of each importance estimate vs exact top-k, averaged over the layers of one decode step
     after the (batch-1) prompt of `tape`; "lookahead-sum-int8" ranks with the query the lookahead predicts from the
-    previous layer's input, over the layers it predicts (kvtier.sparse.lookahead)."""
+    previous layer's input, over the layers it predicts (kvtier.sparse.lookahead). The "shortlist" rows are the
+    path's own choice: the exact top-k among the candidate margin x k tokens the sketches rank best."""
     with DenseAttentionProbe(model) as probe, _predicted_queries(model, probe) as predicted, torch.inference_mode():
         cache = make_cache(model, KVConfig(), tape.ids.shape[1] + 1)  # chunked prefill needs the causal mask
         logits = tape.prefill(model, cache)
@@ -243,14 +245,22 @@ def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
     tiered = full_attention_layers(text_config(model))
     looked_ahead = {layer for tier, layer in enumerate(tiered[1:], start=1)
                     if is_predicted(tier, tiered[tier - 1], layer, SparseSettings().lookahead_skip)}
+    margin = SparseSettings().candidate_margin
     for layer, (query, keys, scaling) in captured.items():
         mass = exact_mass(query, keys, scaling)
         k = math.ceil(alpha * len(mass))
         for aggregation, bits in ESTIMATES:
             name = f"{aggregation}-{'fp' if bits is None else f'int{bits}'}"
             table.setdefault(name, []).append(recall_at(mass, estimate(query, keys, aggregation, bits), k))
-        if layer in looked_ahead:
-            guess = predicted[layer][0, :, 0].float().cpu()
+        exact = estimate(query, keys, "sum", None)
+        guess = predicted[layer][0, :, 0].float().cpu() if layer in looked_ahead else None
+        for bits in SCORE_BITS:
+            table.setdefault(f"sum-int{bits} shortlist", []).append(
+                recall_at(mass, shortlisted(estimate(query, keys, "sum", bits), exact, k, margin), k))
+            if guess is not None:
+                table.setdefault(f"lookahead-sum-int{bits} shortlist", []).append(
+                    recall_at(mass, shortlisted(estimate(guess, keys, "sum", bits), exact, k, margin), k))
+        if guess is not None:
             table.setdefault("lookahead-sum-int8", []).append(recall_at(mass, estimate(guess, keys, "sum", 8), k))
     recall = {name: {"recall": float(np.mean([r for r, _ in rows])), "mass_recall": float(np.mean([m for _, m in rows]))}
               for name, rows in table.items()}
@@ -292,7 +302,7 @@ def write_results(result: dict, out: Path) -> None:
     stem = f"sparse-{result['model']}-{result['context']}-b{result['batch']}"  # names may hold dots: qwen2.5-0.5b
     if result.get("device", "cpu") != "cpu":
         stem += f"-{result['device'].replace(':', '')}"
-    if result["score_bits"] != SparseSettings.score_bits:  # an INT4 run sits beside the default's, not over it
+    if result["score_bits"] != SparseSettings.score_bits:  # another precision's run sits beside the default's, not over it
         stem += f"-int{result['score_bits']}"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
@@ -336,6 +346,9 @@ def markdown(result: dict) -> str:
     lines += ["", "| estimate (aggregation-precision) | recall vs exact top-k | attention-mass recall |", "|---|---|---|"]
     estimates = {name: row for name, row in result["recall"].items() if name != "edge_mass"}
     lines += [f"| {name} | {row['recall']:.3f} | {row['mass_recall']:.3f} |" for name, row in estimates.items()]
+    if any(name.endswith("shortlist") for name in estimates):
+        lines += ["", "a shortlist row is the sparse path's own choice: the exact top-k among the "
+                      f"{SparseSettings().candidate_margin} x k tokens its sketches rank best"]
     edges = result["recall"].get("edge_mass")
     if edges:
         lines += ["", "attention mass on always-kept tokens (mean over layers): " +

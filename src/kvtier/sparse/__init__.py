@@ -8,18 +8,21 @@ Tiers per full-attention layer and sequence:
 Per decode step and layer (overlapped, not in sequence):
     host: query -> scorer (shared memory + pipe), then q.k over the hot pool (raw dots per query head)
     scorer: scores the layer's cold sketches from their codes, read (prepared) while the host computed
-            up to this layer's attention; streams <position, score> blocks back
-    host: global top-alpha -> cold reads of the chosen cold tokens queued (kernel AIO, submitted from
-          a pool thread) -> while the disk works: hit table, migration plan, the window's logits and
-          the chosen hot tokens' (picked out of the dots above) and values -> when the cold pages land
-          (checked per page), one exact softmax over window + hot + cold -> bounded promotions and
-          window retirement, whose disk writes run on a background thread while the next layers compute.
-    lookahead (default, from the third tiered layer on, for cold pools of >= 256 tokens per sequence):
-          once a layer has its cold candidates, the scorer scores the next layer's cold pool with that
+            up to this layer's attention
+    the sketches only draw up a shortlist of cold tokens (candidate_margin x the cold tokens they would
+          pick); its K/V are read in full precision (checked per page) and scored with the real query,
+          and the global top-alpha of hot pool + shortlist by exact q.k is attended: one exact softmax
+          over window + hot + shortlist's chosen, the chosen hot tokens' logits picked out of the dots
+          above -> hit table, migration plan, bounded promotions and window retirement, whose disk
+          writes run on a background thread while the next layers compute.
+    who draws up and reads the shortlist:
+      lookahead (default, from the third tiered layer on, for cold pools of >= 256 tokens per sequence):
+          once a layer has its candidates, the scorer scores the next layer's cold pool with that
           layer's query predicted from this layer's input, then reads the best candidates' K/V and
-          checks them (page crcs the host keeps in the shared segment) into shared memory; the next
-          layer then scores hot pool and candidates with its real query and picks among them, with
-          neither the scoring nor the cold reads on the host's critical path or core.
+          checks them (page crcs the host keeps in the shared segment) into shared memory, with
+          neither the scoring nor the cold reads on the host's critical path or core;
+      the layers it does not predict (the first two tiered layers, the first step, no lookahead): the
+          host, from the scorer's streamed scores (kernel AIO reads submitted from a pool thread).
 
 Files (one concept each):
     settings.py        SparseSettings: every knob, validated
@@ -57,7 +60,8 @@ Files (one concept each):
                        migration
     lookahead.py       the next layer's query predicted from this layer's input; its cold candidates scored and
                        read by the scorer while this layer computes
-    selection.py       the step's picks, attention segments (window, chosen hot, fetched cold), one exact softmax
+    selection.py       the shortlist, the step's picks, attention segments (window, chosen hot, fetched cold), one
+                       exact softmax
     attention.py       the attention function hand-off (registered as `kvtier_sparse_<inner>`)
     runtime.py         SparseRuntime: what the layers share (pools' files, scorer client, policy, plan, stats)
     cache.py           SparseCache, make_sparse_cache (budgets)
@@ -85,8 +89,8 @@ Decisions and why:
 - GQA token importance is "sum" (the group's queries summed into one query per KV head), not
   "max" over the group's heads: the selections are as good where it matters (attention mass), and
   sum sends and scores one query per KV head instead of one per query head.
-- INT8 sketches are the default (they lose nothing measurable against full-precision keys); INT4
-  halves the scorer's reads for a small recall loss.
+- INT4 sketches are the default: they only draw up the shortlist, which exact scores rank, and so
+  re-ranked they lose no recall against INT8 or full-precision keys, at half INT8's reads.
 - Always-kept tokens: sink 4 (insurance for models with more than one sink token) and recent 64
   (the knee of the attention mass the last tokens hold).
 - Score blocks are 1024 tokens (SparseSettings.score_block_tokens): each block is one numpy call

@@ -125,7 +125,7 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
     if settings.lookahead:
         try:
             forecast = QueryForecast(model, heads, summed=settings.aggregation == "sum")
-            runtime.lookahead = Lookahead(forecast, settings.lookahead_margin, settings.lookahead_skip,
+            runtime.lookahead = Lookahead(forecast, settings.candidate_margin, settings.lookahead_skip,
                                           settings.lookahead_min_cold, runtime.scorer, runtime.cold)
         except BaseException:
             runtime.close()

@@ -10,17 +10,16 @@ Life of a layer:
    (files) by the observation window's selection scores (placement.py), sized
    by APP.
 3. Every decode step (`attend`): the query goes to the storage scorer (cold
-   pool) and scores the hot pool meanwhile; of the global top-alpha of the
-   pooled tokens, the cold ones are read in full precision from the K/V file
-   while the host records the step in the hit table, plans migration and
-   builds the chosen hot tokens' logits (the window's were built while the
-   scorer worked; selection.py); one softmax covers them all once the cold
-   reads land. At alpha = 1 every token is attended, so the output equals a
-   dense cache up to float rounding. With lookahead (lookahead.py) the storage
-   scorer scored a layer's cold pool with a predicted query and read its best
-   candidates while the previous layer computed (the layer sends the next
-   layer's predicted query before it takes its own candidates); the layer
-   picks among hot pool and candidates instead.
+   pool) and scores the hot pool meanwhile (the window's logits are built
+   then too); the sketch scores draw up a shortlist of cold tokens, read in
+   full precision from the K/V file, and the top-alpha of hot pool and
+   shortlist by exact q.k is attended (selection.py), one softmax over all.
+   At alpha = 1 every token is attended, so the output equals a dense cache
+   up to float rounding. With lookahead (lookahead.py) the storage scorer
+   drew up the shortlist with a predicted query and read it while the
+   previous layer computed (the layer sends the next layer's predicted query
+   before it takes its own candidates). The hit table records the step and
+   the migration policy plans its swaps once the choice is made.
 4. After attention, off the critical path: the migration policy swaps a
    bounded number of cold and hot tokens, and tokens leaving the recent
    window enter the hot pool `retire_batch` at a time; when it overflows by
@@ -45,7 +44,7 @@ from kvtier.sparse.hit_table import HitTable
 from kvtier.sparse.hot_pool import HotPool, importance
 from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
 from kvtier.sparse.placement import seed_hits, selection_importance, split_hot_cold
-from kvtier.sparse.selection import Picks, Segment, cold_fetched, exact_attention, hot_chosen, window_segment
+from kvtier.sparse.selection import Picks, Segment, cold_fetched, exact_attention, hot_chosen, shortlist, window_segment
 from kvtier.sparse.stats import PhaseClock
 
 if TYPE_CHECKING:
@@ -188,13 +187,12 @@ class SparseLayer(WindowedLayer):
                inner: Callable, **kwargs) -> tuple[torch.Tensor, None]:
         """Exact attention of the decode query [B, Hq, 1, D] over sink + top-alpha pooled + recent tokens.
 
-        Overlapped, not in sequence: the host scores its hot pool and builds the window's logits while
-        the storage scorer scores the cold pool; once the choice is made the cold reads are queued, and
-        while the disk works the host records the step in the hit table, plans migration and builds the
-        chosen hot tokens' logits; one softmax covers all three when the reads land. With lookahead
-        (lookahead.py) the scorer scored and read the cold candidates while the previous layer computed:
-        the layer scores them with its own query and chooses among hot pool and candidates at once. `inner`
-        (the model's own attention) is not needed: the hot scores are the logits.
+        Overlapped, not in sequence: the host scores its hot pool and builds the window's logits while the
+        storage scorer draws up the cold shortlist; the layer then scores the shortlist with its own query and
+        chooses among hot pool and shortlist at once. With lookahead (lookahead.py) the scorer drew up the
+        shortlist with a predicted query and read it while the previous layer computed (the candidates); else
+        the host draws it up from the scorer's scores and reads it. `inner` (the model's own attention) is not
+        needed: the hot scores are the logits.
         """
         runtime, step, clock = self.runtime, self.runtime.stats.current, PhaseClock()
         lookahead = runtime.lookahead
@@ -203,43 +201,39 @@ class SparseLayer(WindowedLayer):
         clock.lap("look ahead")
         candidates = lookahead.take(self.tier) if lookahead is not None else None
         clock.lap("take")
-        if candidates is not None and clock.seconds["take"] > LATE_WAIT_S:
+        prefetched = candidates is not None
+        if prefetched and clock.seconds["take"] > LATE_WAIT_S:
             self.ahead = min(self.ahead + 1, MAX_AHEAD)  # late: asked for one layer earlier from the next step on
-        if candidates is None:
+        if not prefetched:
             runtime.cold.settle(self.tier)  # last step's moves of this layer: normally on disk long since
         clock.lap("settle")
         cold_count = int(runtime.cold.used[self.tier])
         grouped = runtime.grouped_query(query)
-        if candidates is None and cold_count:
+        if not prefetched and cold_count:
             runtime.scorer.request(self.tier, runtime.score_query(grouped).numpy(), cold_count)
         hot_dots, hot_scores = self.hot.scores(grouped, runtime.settings.aggregation)
         clock.lap("hot scores")
         window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
         clock.lap("window")
-        if candidates is None:  # nothing prefetched: the wait for the scorer's answer is scoring
-            cold_scores = torch.from_numpy(runtime.scorer.scores()) if cold_count else hot_scores.new_empty(len(query), 0)
+        if not prefetched:  # the wait for the scorer's answer is scoring
+            cold_scores = runtime.scorer.scores() if cold_count else np.empty((len(query), 0), dtype=np.float32)
             clock.lap("cold scores")
-            scored = self._scored_positions(runtime.cold.positions[self.tier][:, :cold_count])
-            picks = Picks.top(hot_scores, cold_scores, scored, runtime.settings.alpha)
-            chosen_scores = [row[slots] for row, slots in zip(cold_scores.numpy(), picks.cold)]
+            slots = shortlist(hot_scores.numpy(), cold_scores, runtime.settings.alpha,
+                              runtime.settings.candidate_margin, self.candidates_needed(cold_count))
             clock.lap("choice")
-            wait_cold = runtime.cold.submit_fetch(self.tier, picks.cold)
+            wait_cold = runtime.cold.submit_fetch(self.tier, slots)
             self._look_ahead()  # after this layer's reads are queued: they go first
             clock.lap("submit")
-            rows = None
+            cold = wait_cold()
+            clock.lap("cold reads")
         else:
-            cold = candidates.fetched
-            picks, rows, chosen_scores, cold_segment = self._pick_among(candidates.slots, cold, grouped, hot_scores,
-                                                                        cold_count)
-            clock.lap("cold scores")
+            slots, cold = candidates.slots, candidates.fetched
+        picks, rows, chosen_scores, cold_segment = self._pick_among(slots, cold, grouped, hot_scores, cold_count)
+        clock.lap("choice")
         swaps = self._plan_swaps(picks, hot_scores.numpy(), chosen_scores)
         clock.lap("plan")
         hot = self._hot_segment(hot_dots, picks)
         clock.lap("hot segment")
-        if candidates is None:
-            cold = wait_cold()
-            cold_segment = self._cold_segment(grouped, picks, cold)
-        clock.lap("cold reads")
         scaling = kwargs.get("scaling")
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         output = exact_attention([window, hot, cold_segment], query, scaling, attention_mask, kwargs.get("softcap"))
@@ -254,7 +248,7 @@ class SparseLayer(WindowedLayer):
         clock.lap("after")
         if step is not None:
             clock.charge(step)
-            step.unpredicted_fetch_s += fetch if candidates is None else 0.0
+            step.unpredicted_fetch_s += 0.0 if prefetched else fetch
             phases = clock.seconds
             step.host_time_s += phases["hot scores"]
             scorer_round_trip = phases["hot scores"] + phases["window"] + phases["cold scores"] if cold_count else 0.0
@@ -264,7 +258,7 @@ class SparseLayer(WindowedLayer):
             step.pooled_hot += self.hot.used * len(query)
             step.pooled_cold += cold_count * len(query)
             step.cold_bytes_fetched += sum(nbytes for _, _, nbytes in cold)
-            step.lookahead_layers += candidates is not None
+            step.lookahead_layers += prefetched
         return output, None
 
     def _look_ahead(self) -> None:
@@ -332,9 +326,6 @@ class SparseLayer(WindowedLayer):
         """The chosen hot tokens, on the compute device."""
         return hot_chosen(hot_dots, self.hot.values, self.hot.positions[:, : self.hot.used], picks).to(self.device)
 
-    def _cold_segment(self, grouped: torch.Tensor, picks: Picks, cold: list) -> Segment:
-        return cold_fetched(grouped, [(keys, values) for keys, values, _ in cold], picks.cold_positions).to(self.device)
-
     def _report_attended(self, chosen: np.ndarray) -> None:
         """Tell the evaluation watcher the positions attended: sink, chosen, recent (with the new token)."""
         window = np.broadcast_to(self.window_positions, (len(chosen), len(self.window_positions)))
@@ -355,9 +346,9 @@ class SparseLayer(WindowedLayer):
                             hot_scores[seq]) if planning[seq] else NO_SWAPS
                 for seq, cold_positions in enumerate(picks.cold_positions)]
 
-    def _apply_swaps(self, plans: list[Swaps], picks: Picks, cold: list, rows: list[np.ndarray] | None) -> None:
-        """Promote the planned cold tokens (their K/V just fetched, in `cold`; each sequence's chosen ones at `rows`,
-        or all of them in order when None) into the victims' hot slots, and back."""
+    def _apply_swaps(self, plans: list[Swaps], picks: Picks, cold: list, rows: list[np.ndarray]) -> None:
+        """Promote the planned cold tokens (their K/V just fetched, in `cold`; each sequence's chosen ones at `rows`)
+        into the victims' hot slots, and back."""
         cold_pool = self.runtime.cold
         for seq, (swaps, cold_positions) in enumerate(zip(plans, picks.cold_positions)):
             if not len(swaps):
@@ -368,7 +359,7 @@ class SparseLayer(WindowedLayer):
             victim_keys = self.hot.keys_of(seq, swaps.victims)
             victim_values = self.hot.values[seq][:, torch.from_numpy(swaps.victims)]
             victim_positions = hot_positions[swaps.victims].copy()
-            promoted = torch.from_numpy(swaps.promote if rows is None else rows[seq][swaps.promote])
+            promoted = torch.from_numpy(rows[seq][swaps.promote])
             cold_pool.replace_later(self.tier, seq, cold_slots[swaps.promote], victim_keys, victim_values,
                                     victim_positions, self._swap_timer(len(swaps)))
             self.hot.replace(seq, swaps.victims, cold_keys[:, promoted], cold_values[:, promoted],

@@ -19,11 +19,12 @@ candidates than the rest, and an earlier request spreads their reads over
 the layers before them.
 
 The prediction only chooses *candidates*, per sequence `margin` x the cold
-tokens it chose in the layer last step (at least `MIN_CANDIDATES`): layer
+tokens it chose in the layer last step (selection.candidate_counts): layer
 l+1 scores them with its true query on their full-precision keys, and its
-top-alpha over hot pool and candidates is exact for every token it considers.
-A cold token the prediction ranks below the candidates is missed;
-docs/decisions.md has the recall.
+top-alpha over hot pool and candidates is exact for every token it considers,
+as an unpredicted layer's over its shortlist (selection.py). A cold token the
+prediction ranks below the candidates is missed; docs/decisions.md has the
+recall.
 
 Only layers that directly follow a tiered layer are predicted (Gemma 3's full
 layers are five sliding layers apart), not the first `skip` tiered layers,
@@ -42,8 +43,7 @@ import numpy as np
 import torch
 
 from kvtier.sparse import _summed_query
-
-MIN_CANDIDATES = 16
+from kvtier.sparse.selection import MIN_CANDIDATES, candidate_counts
 
 
 @dataclass
@@ -211,8 +211,7 @@ class Lookahead:
 
     def candidate_counts(self, cold_picked: np.ndarray, cold_tokens: int, least: int) -> np.ndarray:
         """Candidates per sequence: `margin` x its last cold picks, at least MIN_CANDIDATES and `least`."""
-        wanted = np.maximum(np.ceil(self.margin * cold_picked).astype(np.int64), max(MIN_CANDIDATES, least))
-        return np.minimum(wanted, cold_tokens)
+        return candidate_counts(self.margin, cold_picked, cold_tokens, least)
 
     def start(self, tier: int, predicted: np.ndarray, cold_tokens: int, counts: np.ndarray) -> None:
         """Ask the scorer for tier `tier`'s best `counts` candidates under the predicted query, after the requests it

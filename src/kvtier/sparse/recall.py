@@ -8,13 +8,16 @@ aggregation x sketch precision) selects its own top-k; we report
     recall       |selected & exact top-k| / k
     mass_recall  attention mass on the selected tokens / mass on the exact top-k
 
-Used by `kvtier bench sparse` to choose the head aggregation (summed
-group queries vs max over heads) and to compare INT8 with INT4, and
-(`edge_mass`) to size the always-kept sink and recent windows: the share of
-attention mass that lands on the first and on the last tokens.
+`shortlisted` models the path's own choice: the sketches draw up a shortlist,
+exact scores choose within it. Used by `kvtier bench sparse` to choose the
+head aggregation (summed group queries vs max over heads) and to compare INT8
+with INT4, and (`edge_mass`) to size the always-kept sink and recent windows:
+the share of attention mass that lands on the first and on the last tokens.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -43,6 +46,15 @@ def estimate(query: torch.Tensor, keys: torch.Tensor, aggregation: str, bits: in
     fmt = SketchFormat.for_keys(bits, heads, head_dim)
     records = quantize(keys.float().transpose(0, 1).numpy(), fmt)
     return score(records, q.numpy(), fmt, aggregation)
+
+
+def shortlisted(importance: np.ndarray, exact: np.ndarray, k: int, margin: float) -> np.ndarray:
+    """What the sparse path chooses by, as an importance: the `exact` one over the ceil(margin x k) tokens that
+    `importance` ranks best, -inf over the rest (selection.py's shortlist, all of the pool taken as cold)."""
+    shortlist = np.argsort(-importance, kind="stable")[: math.ceil(margin * k)]
+    chosen = np.full(importance.shape, -np.inf, dtype=np.float64)
+    chosen[shortlist] = exact[shortlist]
+    return chosen
 
 
 def recall_at(mass: np.ndarray, importance: np.ndarray, k: int) -> tuple[float, float]:

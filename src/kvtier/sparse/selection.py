@@ -8,8 +8,13 @@ copied out of the pool (`hot_chosen`), then sent to the compute device when
 that is not the host (CUDA; the hot pool stays in host DRAM). On the CPU this
 beats attending over the whole pool in place with the unchosen masked out,
 which reads every hot value and exponentiates -inf logits (docs/decisions.md).
-Cold picks bring their full-precision K/V from the file and get their logits
-from one small product with the query (`cold_fetched`).
+Cold tokens are chosen the same way: the key sketches only draw up a shortlist
+(`shortlist`, or the lookahead's candidates), `margin` x the cold tokens they
+would have chosen, whose full-precision K/V are read and get their logits from
+one small product with the query (`cold_fetched`); the top-alpha then ranks hot
+pool and shortlist by exact q.k. So the sketches' precision narrows the choice
+but never makes it: an INT4 sketch loses no recall against INT8 once the
+shortlist is re-ranked (docs/decisions.md).
 
 Attention is exact over sink + recent window (device) + the chosen tokens:
 softmax(scaling * [q.K_window | q.K_chosen]) @ [V_window | V_chosen], in float32.
@@ -28,6 +33,8 @@ import torch
 
 from kvtier.kv.gather import select_columns
 from kvtier.sparse.top_share import top_share
+
+MIN_CANDIDATES = 16  # the fewest cold tokens a sequence's shortlist holds (where the pool has them)
 
 
 @dataclass
@@ -67,6 +74,25 @@ class Picks:
     @property
     def cold_count(self) -> int:
         return sum(len(slots) for slots in self.cold)
+
+
+def candidate_counts(margin: float, cold_picked: np.ndarray, cold_tokens: int, least: int) -> np.ndarray:
+    """Shortlist sizes per sequence: `margin` x its cold picks `cold_picked`, at least MIN_CANDIDATES and `least`,
+    at most the pool's `cold_tokens`."""
+    wanted = np.maximum(np.ceil(margin * cold_picked).astype(np.int64), max(MIN_CANDIDATES, least))
+    return np.minimum(wanted, cold_tokens)
+
+
+def shortlist(hot_scores: np.ndarray, cold_scores: np.ndarray, alpha: float, margin: float,
+              least: int) -> list[np.ndarray]:
+    """Per sequence, the cold slots (ascending) to read and rank exactly: the best by their sketch scores
+    (`cold_scores` [B, Nc]), `candidate_counts` of how many the top-alpha over them and the hot scores [B, Nh]
+    would take from the cold pool."""
+    scores = np.concatenate([hot_scores, cold_scores], axis=1)
+    chosen = top_share(scores, min(math.ceil(alpha * scores.shape[1]), scores.shape[1]))
+    picked = (chosen >= hot_scores.shape[1]).sum(axis=1)
+    counts = candidate_counts(margin, picked, cold_scores.shape[1], least)
+    return [top_share(row[None], int(count))[0] for row, count in zip(cold_scores, counts)]
 
 
 @dataclass

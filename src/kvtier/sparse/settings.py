@@ -14,7 +14,7 @@ class SparseSettings:
     """HillInfer parameters. Tokens counts are per layer and sequence."""
 
     alpha: float = 0.2  # importance rate: fraction of pooled (hot + cold) tokens attended per step (paper: 20%)
-    score_bits: int = 8  # sketch precision for cold scoring
+    score_bits: int = 4  # sketch precision: they only draw up the cold shortlist, exact scores choose
     beta: float | None = None  # hot/cold split Mc/Ms; None: APP chooses it (planner.py)
     sink: int = 4  # first tokens always attended (attention sinks); measured choice: docs/decisions.md
     recent: int = 64  # last tokens always attended, kept on the device with the new ones; ditto
@@ -33,12 +33,14 @@ class SparseSettings:
     # Tokens per streamed score block. Each block is one numpy call in the scorer, so small blocks pay call
     # overhead; 1024 keeps streaming (an 8K layer is several blocks) at near the one-piece cost (docs/decisions.md).
     score_block_tokens: int = 1024
+    # Cold tokens are chosen by exact q.k from a shortlist the sketches draw up (selection.py): `candidate_margin`
+    # x the cold tokens the sketch scores would pick, or, with the lookahead, x the layer's last cold picks.
+    candidate_margin: float = 1.5
     # Lookahead (lookahead.py): score and read a layer's cold candidates with its query predicted from the
-    # previous layer's input, margin x its last cold picks; the first `lookahead_skip` tiered layers are not
-    # predicted, nor layers with fewer than `lookahead_min_cold` cold tokens per sequence (there the prediction
-    # costs about what it hides). Measured choices: docs/decisions.md.
+    # previous layer's input; the first `lookahead_skip` tiered layers are not predicted, nor layers with fewer
+    # than `lookahead_min_cold` cold tokens per sequence (there the prediction costs about what it hides).
+    # Measured choices: docs/decisions.md.
     lookahead: bool = True
-    lookahead_margin: float = 1.5
     lookahead_skip: int = 2
     lookahead_min_cold: int = 256
     crash_scorer_after_blocks: int = -1  # fault injection for tests: the scorer kills itself after that many blocks
@@ -60,9 +62,9 @@ class SparseSettings:
                 or self.max_moves < 0:
             raise ConfigError("observation_window, demote_batch, score_block_tokens and retire_batch must be >= 1, "
                               "max_moves >= 0")
-        if self.lookahead_margin < 1.0 or min(self.lookahead_skip, self.lookahead_min_cold) < 1:
-            raise ConfigError(f"lookahead_margin must be >= 1, lookahead_skip and lookahead_min_cold >= 1, got "
-                              f"{self.lookahead_margin}, {self.lookahead_skip} and {self.lookahead_min_cold}")
+        if self.candidate_margin < 1.0 or min(self.lookahead_skip, self.lookahead_min_cold) < 1:
+            raise ConfigError(f"candidate_margin must be >= 1, lookahead_skip and lookahead_min_cold >= 1, got "
+                              f"{self.candidate_margin}, {self.lookahead_skip} and {self.lookahead_min_cold}")
         return self
 
 

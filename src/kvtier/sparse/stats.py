@@ -22,12 +22,12 @@ PHASE_PARTS = {
     "settle": "migrate_s",  # the wait for last step's writes of this layer
     "hot scores": "score_s",  # the request to the scorer, the hot pool's q.k
     "window": "attention_s",  # the window's logits
-    "cold scores": "score_s",  # the wait for the scorer's cold scores, or the candidates' own
-    "choice": "score_s",  # the top-alpha
-    "submit": "fetch_s",  # the cold reads queued
+    "cold scores": "score_s",  # the wait for the scorer's cold scores (layers not predicted)
+    "choice": "score_s",  # the shortlist; the top-alpha over hot pool and shortlist by exact scores
+    "submit": "fetch_s",  # the shortlist's reads queued
     "plan": "migrate_s",  # the hit table, the swaps planned
     "hot segment": "attention_s",  # the chosen hot values copied out
-    "cold reads": "fetch_s",  # the wait for the cold reads, their logits
+    "cold reads": "fetch_s",  # the wait for the shortlist's reads
     "softmax": "attention_s",
     "after": "migrate_s",  # the swaps, the window's retirements
 }
