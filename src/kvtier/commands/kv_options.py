@@ -5,6 +5,7 @@ import argparse
 from kvtier.modes import KV_MODES, KVConfig
 from kvtier.models.loader import TORCH_DTYPES
 from kvtier.models.registry import DEFAULT_MODEL
+from kvtier.sparse.sketch import SCORE_BITS
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +30,7 @@ def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -
     group.add_argument("--io-threads", type=int, default=defaults.io_threads, help="I/O threads for the disk tier")
     sparse = parser.add_argument_group("selective KV (--kv sparse, h2o, infinigen, leoam)")
     sparse.add_argument("--alpha", type=float, default=defaults.alpha, help="importance rate: share of pooled tokens attended per step")
-    sparse.add_argument("--score-bits", type=int, choices=(8, 4), default=defaults.score_bits, help="key sketch precision (the sketches draw up the cold shortlist that exact scores rank)")
+    sparse.add_argument("--score-bits", type=int, choices=SCORE_BITS, default=defaults.score_bits, help="key sketch precision (the sketches draw up the cold shortlist that exact scores rank)")
     sparse.add_argument("--beta", default=defaults.beta, help="hot/cold split Mc/Ms, or 'auto' (calibrated latency model)")
     sparse.add_argument("--sink", type=int, default=defaults.sink, help="first tokens always attended")
     sparse.add_argument("--recent", type=int, default=defaults.recent, help="last tokens always attended")

@@ -249,14 +249,15 @@ def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
     for layer, (query, keys, scaling) in captured.items():
         mass = exact_mass(query, keys, scaling)
         k = math.ceil(alpha * len(mass))
-        for aggregation, bits in ESTIMATES:
+        estimates = {(aggregation, bits): estimate(query, keys, aggregation, bits) for aggregation, bits in ESTIMATES}
+        for (aggregation, bits), importance in estimates.items():
             name = f"{aggregation}-{'fp' if bits is None else f'int{bits}'}"
-            table.setdefault(name, []).append(recall_at(mass, estimate(query, keys, aggregation, bits), k))
-        exact = estimate(query, keys, "sum", None)
+            table.setdefault(name, []).append(recall_at(mass, importance, k))
+        exact = estimates["sum", None]
         guess = predicted[layer][0, :, 0].float().cpu() if layer in looked_ahead else None
         for bits in SCORE_BITS:
             table.setdefault(f"sum-int{bits} shortlist", []).append(
-                recall_at(mass, shortlisted(estimate(query, keys, "sum", bits), exact, k, margin), k))
+                recall_at(mass, shortlisted(estimates["sum", bits], exact, k, margin), k))
             if guess is not None:
                 table.setdefault(f"lookahead-sum-int{bits} shortlist", []).append(
                     recall_at(mass, shortlisted(estimate(guess, keys, "sum", bits), exact, k, margin), k))

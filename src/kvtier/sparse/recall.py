@@ -22,9 +22,9 @@ import math
 import numpy as np
 import torch
 
-from kvtier.sparse.sketch import SketchFormat, quantize, score
+from kvtier.sparse.sketch import SCORE_BITS, SketchFormat, quantize, score
 
-ESTIMATES = [(aggregation, bits) for aggregation in ("sum", "max") for bits in (None, 8, 4)]  # None: full precision
+ESTIMATES = [(aggregation, bits) for aggregation in ("sum", "max") for bits in (None, *SCORE_BITS)]  # None: full precision
 
 
 def exact_mass(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> np.ndarray:
