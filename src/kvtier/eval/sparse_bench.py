@@ -246,8 +246,10 @@ def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
     looked_ahead = {layer for tier, layer in enumerate(tiered[1:], start=1)
                     if is_predicted(tier, tiered[tier - 1], layer, SparseSettings().lookahead_skip)}
     margin = SparseSettings().candidate_margin
+    masses = []
     for layer, (query, keys, scaling) in captured.items():
         mass = exact_mass(query, keys, scaling)
+        masses.append(mass)
         k = math.ceil(alpha * len(mass))
         estimates = {(aggregation, bits): estimate(query, keys, aggregation, bits) for aggregation, bits in ESTIMATES}
         for (aggregation, bits), importance in estimates.items():
@@ -255,17 +257,18 @@ def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
             table.setdefault(name, []).append(recall_at(mass, importance, k))
         exact = estimates["sum", None]
         guess = predicted[layer][0, :, 0].float().cpu() if layer in looked_ahead else None
+        guessed = {} if guess is None else {bits: estimate(guess, keys, "sum", bits) for bits in SCORE_BITS}
         for bits in SCORE_BITS:
             table.setdefault(f"sum-int{bits} shortlist", []).append(
                 recall_at(mass, shortlisted(estimates["sum", bits], exact, k, margin), k))
-            if guess is not None:
+            if guessed:
                 table.setdefault(f"lookahead-sum-int{bits} shortlist", []).append(
-                    recall_at(mass, shortlisted(estimate(guess, keys, "sum", bits), exact, k, margin), k))
-        if guess is not None:
-            table.setdefault("lookahead-sum-int8", []).append(recall_at(mass, estimate(guess, keys, "sum", 8), k))
+                    recall_at(mass, shortlisted(guessed[bits], exact, k, margin), k))
+        if guessed:
+            table.setdefault("lookahead-sum-int8", []).append(recall_at(mass, guessed[8], k))
     recall = {name: {"recall": float(np.mean([r for r, _ in rows])), "mass_recall": float(np.mean([m for _, m in rows]))}
               for name, rows in table.items()}
-    return recall | {"edge_mass": _edge_mass([exact_mass(q, k, s) for q, k, s in captured.values()])}
+    return recall | {"edge_mass": _edge_mass(masses)}
 
 
 @contextmanager
