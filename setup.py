@@ -11,6 +11,8 @@ setup(ext_modules=[
     Extension("kvtier.sparse._sketch_scores", ["src/kvtier/sparse/sketch_scores.c"]),
     # the hot pool's q.k from its bfloat16 keys in one pass: torch converted the whole pool first (sparse/hot_pool.py)
     Extension("kvtier.sparse._hot_dots", ["src/kvtier/sparse/hot_dots.c"], depends=[AVX2_MODULE]),
+    # the chosen hot values' weighted sum read in place: copying them out first cost more than the product (sparse/selection.py)
+    Extension("kvtier.sparse._chosen_values", ["src/kvtier/sparse/chosen_values.c"], depends=[AVX2_MODULE]),
     # each row's top scores as ascending indices: numpy's argpartition plus a sort cost more (sparse/top_share.py)
     Extension("kvtier.sparse._top_share", ["src/kvtier/sparse/top_share.c"]),
     # the lookahead's predicted query in one call: five torch ops cost more than the product (sparse/lookahead.py)

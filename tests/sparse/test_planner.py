@@ -3,8 +3,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
-from kvtier.sparse import planner
+from kvtier.sparse import _chosen_values, planner
+from kvtier.sparse.hot_pool import HotPool
 from kvtier.sparse.planner import Throughputs, balanced_beta, plan_split, predicted_times
 from kvtier.threads import torch_threads
 
@@ -66,8 +68,6 @@ def test_calibration_is_cached_per_machine_and_refreshable(tmp_path, monkeypatch
 
 def test_calibration_is_kept_per_torch_thread_count(tmp_path, monkeypatch):
     """Host rates scale with torch's threads: a plan made for 1-thread decode must not use 2-thread rates."""
-    import torch
-
     monkeypatch.setattr(planner, "cache_dir", lambda: tmp_path / "cache")
     calls = []
     monkeypatch.setattr(planner, "calibrate", lambda *args, **kwargs: calls.append(torch.get_num_threads()) or RATES)
@@ -78,8 +78,23 @@ def test_calibration_is_kept_per_torch_thread_count(tmp_path, monkeypatch):
 
 
 def test_calibrate_measures_positive_rates_with_the_real_paths(tmp_path):
-    import torch
-
     rates = planner.calibrate(str(tmp_path), 2, 32, torch.float32, 8, "sum", tokens=2048)
     assert min(vars(rates).values()) > 0
     assert list(tmp_path.iterdir()) == []
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_timed_host_fetch_reads_the_picked_values_as_the_step_does(dtype):
+    """In place by the weighted sum where the kernel takes the pool (float32 on AVX2; here the weights are 1/n, so the
+    mean of the picked rows), else the picked rows copied out, as the decode step does."""
+    values = torch.randn(1, 2, 40, 16).to(dtype)
+    hot = HotPool(1, 2, 16, dtype)
+    hot.append(values, values, np.arange(40)[None])
+    picks = np.array([1, 5, 6, 30])
+    fetched = planner._gather_values(hot, picks)()
+    picked = values[0][:, torch.from_numpy(picks)]
+    if dtype == torch.float32 and _chosen_values.vectorized:
+        torch.testing.assert_close(fetched[0, :, 0], picked.mean(dim=1))
+    else:
+        torch.testing.assert_close(fetched, picked)

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from kvtier.sparse import _chosen_values
 from kvtier.sparse.selection import (MIN_CANDIDATES, Picks, Segment, candidate_counts, cold_fetched, exact_attention,
-                                     hot_chosen, shortlist, window_segment)
+                                     hot_chosen, hot_in_place, shortlist, window_segment)
 
 B, HKV, G, D = 2, 2, 3, 8
 
@@ -81,8 +82,13 @@ def test_the_shortlist_is_the_best_sketch_scores_margin_times_the_cold_picks():
                                                         (4, [[1, 4, 7], [0, 2, 11]], [[3, 4], [0, 8]]),
                                                         (5, [[], [0, 2, 11]], [[3, 4, 6], [0]]),
                                                         (6, [[1, 4, 7, 19], [0, 2, 5, 11]], [[], [0]])])
-def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed, hot_picks, cold_picks):
-    """Hot and cold counts differ between the sequences (padded) or not (stacked as picked or fetched)."""
+@pytest.mark.parametrize("hot_segment", [
+    hot_chosen,
+    pytest.param(hot_in_place, marks=pytest.mark.skipif(not _chosen_values.vectorized, reason="needs AVX2 and FMA")),
+])
+def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed, hot_picks, cold_picks, hot_segment):
+    """Hot and cold counts differ between the sequences (padded) or not (stacked as picked or fetched); the chosen hot
+    values copied out of the pool or read where they lie."""
     gen = torch.Generator().manual_seed(seed)
     query = torch.randn(B, HKV * G, 1, D, generator=gen)
     grouped = query[:, :, 0].reshape(B, HKV, G, D)
@@ -96,10 +102,18 @@ def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed
     window = window_segment(grouped, window_keys, window_values, np.arange(5))
     cold = cold_fetched(grouped, [(cold_keys[s][:, picks.cold[s]], cold_values[s][:, picks.cold[s]]) for s in range(B)],
                         [picks.cold[s] + 200 for s in range(B)])
-    output = exact_attention([window, hot_chosen(dots, hot_values, hot_positions, picks), cold], query, 0.4)
+    output = exact_attention([window, hot_segment(dots, hot_values, hot_positions, picks), cold], query, 0.4)
     for seq in range(B):
         keys = torch.cat([window_keys[seq], hot_keys[seq][:, picks.hot[seq]], cold_keys[seq][:, picks.cold[seq]]], 1)
         values = torch.cat([window_values[seq], hot_values[seq][:, picks.hot[seq]],
                             cold_values[seq][:, picks.cold[seq]]], 1)
         expected = _dense_attention(query[seq : seq + 1], keys[None], values[None], 0.4)
         torch.testing.assert_close(output[seq : seq + 1], expected)
+
+
+def test_a_segment_left_in_the_pool_stays_on_the_host():
+    picks = Picks([np.array([1]), np.array([0, 2])], [np.array([], dtype=np.int64)] * 2, np.empty((2, 0)))
+    segment = hot_in_place(torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 4, 8), np.arange(4)[None].repeat(2, 0), picks)
+    assert segment.to(torch.device("cpu")) is segment
+    with pytest.raises(ValueError, match="host memory"):
+        segment.to(torch.device("meta"))

@@ -44,7 +44,9 @@ from kvtier.sparse.hit_table import HitTable
 from kvtier.sparse.hot_pool import HotPool, importance
 from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
 from kvtier.sparse.placement import seed_hits, selection_importance, split_hot_cold
-from kvtier.sparse.selection import Picks, Segment, cold_fetched, exact_attention, hot_chosen, shortlist, window_segment
+from kvtier.sparse.selection import (
+    Picks, Segment, cold_fetched, exact_attention, hot_chosen, hot_in_place, shortlist, weighs_in_place, window_segment,
+)
 from kvtier.sparse.stats import PhaseClock
 
 if TYPE_CHECKING:
@@ -323,8 +325,11 @@ class SparseLayer(WindowedLayer):
         return np.concatenate([self.hot.positions[:, : self.hot.used], cold], axis=1)
 
     def _hot_segment(self, hot_dots: torch.Tensor, picks: Picks) -> Segment:
-        """The chosen hot tokens, on the compute device."""
-        return hot_chosen(hot_dots, self.hot.values, self.hot.positions[:, : self.hot.used], picks).to(self.device)
+        """The chosen hot tokens: attended where they lie when the host computes, else copied to the device."""
+        positions = self.hot.positions[:, : self.hot.used]
+        if self.device.type == "cpu" and weighs_in_place(self.hot.values, hot_dots.shape[2]):
+            return hot_in_place(hot_dots, self.hot.values, positions, picks)
+        return hot_chosen(hot_dots, self.hot.values, positions, picks).to(self.device)
 
     def _report_attended(self, chosen: np.ndarray) -> None:
         """Tell the evaluation watcher the positions attended: sink, chosen, recent (with the new token)."""

@@ -53,17 +53,18 @@ from kvtier.sparse.hot_pool import HotPool
 from kvtier.sparse.placement import split_hot_cold
 from kvtier.sparse.protocol import Channel, ChannelSpec
 from kvtier.sparse.scorer_client import ScorerClient
+from kvtier.sparse.selection import PooledSegment, weighs_in_place
 from kvtier.sparse.settings import SparseSettings
 from kvtier.sparse.sketch import SketchFormat
 from kvtier.storage import IOEngine
 
 log = logging.getLogger(__name__)
 CALIBRATION_TOKENS = 16384
-CALIBRATION_VERSION = 8  # part of the cache key: bump when `calibrate` measures something new (2: round trip,
+CALIBRATION_VERSION = 9  # part of the cache key: bump when `calibrate` measures something new (2: round trip,
 # 3: host fetch includes placing the tokens, as decode does; 4: the host fetch gathers values only and the
 # scorer scores prepared, dequantized sketches; 5: each scorer request is timed after its preparation;
 # 6: the scorer scores the codes in compiled code; 7: f_s includes the scorer's sketch reads again; 8: the hot
-# pool's keys in tiles, scored by the kernel)
+# pool's keys in tiles, scored by the kernel; 9: the host fetch is the chosen values' weighted sum, read in place)
 SKEW_ITERATIONS = 4
 PREPARE_PAUSE_S = 0.02  # longer than the scorer takes to prepare a calibration-sized layer
 
@@ -218,9 +219,14 @@ def _reread(channel: Channel, request, tokens: int) -> None:
 
 
 def _gather_values(hot: HotPool, picks: np.ndarray):
-    """The hot fetch of a decode step (selection.py): the picked values; their logits are the scores already made."""
-    index = torch.from_numpy(picks)
-    return lambda: hot.values[0].index_select(1, index)
+    """The hot fetch of a decode step (selection.py): the picked values read for the weighted sum, in place where the
+    kernel takes them, else copied out; their logits are the scores already made."""
+    if not weighs_in_place(hot.values, group=1):
+        index = torch.from_numpy(picks)
+        return lambda: hot.values[0].index_select(1, index)
+    weights = torch.full((1, hot.values.shape[1], 1, len(picks)), 1.0 / len(picks))
+    segment = PooledSegment(weights, hot.values, picks[None], picks[None], np.array([len(picks)]))
+    return lambda: segment.weighted(weights, 0)
 
 
 def _median_time(action, repeats: int = 5, pause_s: float = 0.0) -> float:

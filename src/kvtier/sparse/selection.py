@@ -3,11 +3,13 @@
 The host's scores of its hot pool are the raw q.k of every hot token for every
 query head (hot_pool.py): they rank the hot tokens *and* are those tokens'
 attention logits. So the hot part of the selection needs no keys at all: the
-chosen tokens' logits are picked out of the scores and only their values are
-copied out of the pool (`hot_chosen`), then sent to the compute device when
-that is not the host (CUDA; the hot pool stays in host DRAM). On the CPU this
-beats attending over the whole pool in place with the unchosen masked out,
-which reads every hot value and exponentiates -inf logits (docs/decisions.md).
+chosen tokens' logits are picked out of the scores. On the CPU their values
+are then read where they lie in the pool, once, by the weighted sum itself
+(`hot_in_place`, chosen_values.c): copying them out first, then multiplying,
+wrote and read them again, and attending over the whole pool with the
+unchosen masked out reads every hot value (docs/decisions.md). Elsewhere
+(CUDA: the hot pool stays in host DRAM) the chosen values are copied out
+(`hot_chosen`) and sent to the compute device.
 Cold tokens are chosen the same way: the key sketches only draw up a shortlist
 (`shortlist`, or the lookahead's candidates), `margin` x the cold tokens they
 would have chosen, whose full-precision K/V are read and get their logits from
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from kvtier.kv.gather import select_columns
+from kvtier.sparse import _chosen_values
 from kvtier.sparse.top_share import top_share
 
 MIN_CANDIDATES = 16  # the fewest cold tokens a sequence's shortlist holds (where the pool has them)
@@ -104,13 +107,54 @@ class Segment:
     values: torch.Tensor
     positions: np.ndarray
 
+    @property
+    def width(self) -> int:
+        return self.logits.shape[3]
+
     def to(self, device: torch.device) -> Segment:
         return Segment(self.logits.to(device), self.values.to(device), self.positions)
 
+    def weighted(self, weights: torch.Tensor, start: int) -> torch.Tensor:
+        """sum_j w_j v_j [B, Hkv, G, D] float32, the weights of this segment's tokens being `weights`' [..., start:]."""
+        return torch.matmul(weights[..., start : start + self.width], self.values.float())
 
-def hot_chosen(hot_dots: torch.Tensor, hot_values: torch.Tensor, hot_positions: np.ndarray, picks: Picks) -> Segment:
-    """The chosen hot tokens: their logits picked out of the scores, their values copied out of the pool (each
-    sequence padded to the most chosen, the padding's logits -inf)."""
+
+@dataclass
+class PooledSegment(Segment):
+    """The chosen hot tokens attended where they lie: `values` is the whole pool [B, Hkv, slots, D], `slots` [B, n]
+    each sequence's chosen slots (padded), `counts` [B] how many are its own."""
+
+    slots: np.ndarray
+    counts: np.ndarray
+
+    def to(self, device: torch.device) -> Segment:
+        if device.type != "cpu":
+            raise ValueError(f"the hot pool's values lie in host memory: attend them there, not on {device}")
+        return self
+
+    def weighted(self, weights: torch.Tensor, start: int) -> torch.Tensor:
+        weights = weights.contiguous()
+        batch, heads, group, stride = weights.shape
+        out = torch.empty(batch, heads, group, self.values.shape[3])
+        bf16 = self.values.dtype == torch.bfloat16
+        _chosen_values.weighted((self.values.view(torch.int16) if bf16 else self.values).numpy(), self.slots,
+                                self.counts, weights.numpy(), out.numpy(), 2 if bf16 else 4, batch, heads, group,
+                                self.values.shape[2], self.width, stride, start, self.values.shape[3])
+        return out
+
+
+def weighs_in_place(values: torch.Tensor, group: int) -> bool:
+    """Whether the compiled weighted sum (chosen_values.c) takes a host pool's chosen values [B, Hkv, slots, D] for
+    `group` query heads per KV head: float32 or bfloat16, head_dim a multiple of 8, a CPU with AVX2 and FMA."""
+    return (_chosen_values.vectorized and values.device.type == "cpu" and values.is_contiguous()
+            and values.dtype in (torch.float32, torch.bfloat16) and values.shape[3] % 8 == 0
+            and group * values.shape[3] <= 8192)
+
+
+def _chosen_hot(hot_dots: torch.Tensor, hot_positions: np.ndarray,
+                picks: Picks) -> tuple[np.ndarray, torch.Tensor, np.ndarray]:
+    """Each sequence's chosen hot slots [B, n] (padded with slot 0), their logits picked out of the scores (the
+    padding's -inf) and their positions."""
     width = max(len(slots) for slots in picks.hot)
     index = np.zeros((len(picks.hot), width), dtype=np.int64)
     for seq, slots in enumerate(picks.hot):
@@ -120,10 +164,27 @@ def hot_chosen(hot_dots: torch.Tensor, hot_values: torch.Tensor, hot_positions: 
     for seq, slots in enumerate(picks.hot):
         if len(slots) < width:  # the padding
             logits[seq, :, :, len(slots) :] = float("-inf")
-    values = hot_values.new_empty(len(rows), hot_values.shape[1], width, hot_values.shape[3])
+    return index, logits, np.take_along_axis(hot_positions, index, axis=1)
+
+
+def hot_chosen(hot_dots: torch.Tensor, hot_values: torch.Tensor, hot_positions: np.ndarray, picks: Picks) -> Segment:
+    """The chosen hot tokens: their logits picked out of the scores, their values copied out of the pool (each
+    sequence padded to the most chosen, the padding's logits -inf)."""
+    index, logits, positions = _chosen_hot(hot_dots, hot_positions, picks)
+    rows = torch.from_numpy(index)
+    values = hot_values.new_empty(len(rows), hot_values.shape[1], rows.shape[1], hot_values.shape[3])
     for seq in range(len(rows)):  # index_select per sequence: a batched gather of the rows was ~18x slower on the CPU
         torch.index_select(hot_values[seq], 1, rows[seq], out=values[seq])
-    return Segment(logits, values, np.take_along_axis(hot_positions, index, axis=1))
+    return Segment(logits, values, positions)
+
+
+def hot_in_place(hot_dots: torch.Tensor, hot_values: torch.Tensor, hot_positions: np.ndarray,
+                 picks: Picks) -> PooledSegment:
+    """The chosen hot tokens as `hot_chosen` gives them, but their values left in the pool (`weighs_in_place` must
+    hold): the weighted sum reads them there."""
+    index, logits, positions = _chosen_hot(hot_dots, hot_positions, picks)
+    counts = np.array([len(slots) for slots in picks.hot], dtype=np.int64)
+    return PooledSegment(logits, hot_values, positions, index, counts)
 
 
 def cold_fetched(query: torch.Tensor, fetched: list[tuple[torch.Tensor, torch.Tensor]],
@@ -170,7 +231,7 @@ def exact_attention(segments: list[Segment], query: torch.Tensor, scaling: float
     window holds the new token, never masked, so every row's peak is finite; the in-place steps below rely on it
     (each op on a [B, Hkv, G, tokens] tensor is a pass over it, and this runs once per layer and step).
     """
-    segments = [segment for segment in segments if segment.values.shape[2]]
+    segments = [segment for segment in segments if segment.width]
     logits = torch.cat([segment.logits for segment in segments], dim=3).mul_(scaling)
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
@@ -181,9 +242,8 @@ def exact_attention(segments: list[Segment], query: torch.Tensor, scaling: float
     weights = logits.sub_(logits.amax(dim=3, keepdim=True)).exp_()
     weighted, start = None, 0
     for segment in segments:
-        width = segment.values.shape[2]
-        part = torch.matmul(weights[..., start : start + width], segment.values.float())
+        part = segment.weighted(weights, start)
         weighted = part if weighted is None else weighted.add_(part)
-        start += width
+        start += segment.width
     batch, q_heads, _, head_dim = query.shape
     return weighted.div_(weights.sum(dim=3, keepdim=True)).reshape(batch, q_heads, head_dim)[:, None].to(query.dtype)

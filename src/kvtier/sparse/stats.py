@@ -26,7 +26,7 @@ PHASE_PARTS = {
     "choice": "score_s",  # the shortlist; the top-alpha over hot pool and shortlist by exact scores
     "submit": "fetch_s",  # the shortlist's reads queued
     "plan": "migrate_s",  # the hit table, the swaps planned
-    "hot segment": "attention_s",  # the chosen hot values copied out
+    "hot segment": "attention_s",  # the chosen hot logits picked out (on CUDA also the values copied out)
     "cold reads": "fetch_s",  # the wait for the shortlist's reads
     "softmax": "attention_s",
     "after": "migrate_s",  # the swaps, the window's retirements
