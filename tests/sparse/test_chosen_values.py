@@ -1,16 +1,12 @@
 import numpy as np
 import pytest
 import torch
+from exact_values import small_integers
 
 from kvtier.sparse import _chosen_values
 from kvtier.sparse.selection import weighs_in_place
 
 pytestmark = pytest.mark.skipif(not _chosen_values.vectorized, reason="the kernel needs AVX2 and FMA")
-
-
-def _small_integers(shape, seed):
-    # exact in bfloat16, and every product and sum exact in float32: no tolerance depends on summation order
-    return torch.randint(-4, 5, shape, generator=torch.Generator().manual_seed(seed)).float()
 
 
 def _weighted(values, slots, counts, weights, start):
@@ -38,9 +34,9 @@ def _chosen(batch, pool, counts, seed):
 def test_the_weighted_sum_equals_torch_over_the_copied_rows(dtype, group, head_dim, counts):
     """Blocks of 32 rows and their tails, head_dim in whole 32-float stretches or not, a sequence with none chosen."""
     batch, heads, pool, start = 2, 3, 120, 5
-    values = _small_integers((batch, heads, pool, head_dim), seed=head_dim).to(dtype)
+    values = small_integers((batch, heads, pool, head_dim), seed=head_dim).to(dtype)
     slots, count_array = _chosen(batch, pool, counts, seed=group)
-    weights = _small_integers((batch, heads, group, start + slots.shape[1] + 4), seed=7)
+    weights = small_integers((batch, heads, group, start + slots.shape[1] + 4), seed=7)
     out = _weighted(values, slots, count_array, weights, start)
     for seq, count in enumerate(counts):
         rows = values[seq][:, torch.from_numpy(slots[seq, :count])].float()  # [heads, count, head_dim]

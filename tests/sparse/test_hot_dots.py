@@ -1,16 +1,12 @@
 import numpy as np
 import pytest
 import torch
+from exact_values import small_integers
 
 from kvtier.sparse import _hot_dots
 from kvtier.sparse.hot_pool import HotPool, compiled_dots, importance
 
 pytestmark = pytest.mark.skipif(not _hot_dots.vectorized, reason="the kernel needs AVX2 and FMA")
-
-
-def _small_integers(shape, seed):
-    # exact in bfloat16, and every product and sum exact in float32: no tolerance depends on summation order
-    return torch.randint(-4, 5, shape, generator=torch.Generator().manual_seed(seed)).float()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -20,9 +16,9 @@ def _small_integers(shape, seed):
 def test_dots_and_importance_equal_torch_for_every_group_and_tail(dtype, group, used, aggregation):
     batch, seq_heads, head_dim, tiles = 2, 3, 64, 7
     heads = batch * seq_heads
-    tiled = _small_integers((heads, tiles, head_dim, 16), seed=used).to(dtype)
+    tiled = small_integers((heads, tiles, head_dim, 16), seed=used).to(dtype)
     keys = tiled.transpose(1, 2).reshape(heads, head_dim, tiles * 16)  # token-major columns, for torch
-    query = _small_integers((heads, group, head_dim), seed=group)
+    query = small_integers((heads, group, head_dim), seed=group)
     out, token_importance = torch.full((heads, group, used), float("nan")), torch.full((batch, used), float("nan"))
     bits = tiled.view(torch.int16) if dtype == torch.bfloat16 else tiled
     _hot_dots.dots(bits.numpy(), query.numpy(), out.numpy(), token_importance.numpy(), int(aggregation == "max"),
@@ -37,10 +33,10 @@ def test_dots_and_importance_equal_torch_for_every_group_and_tail(dtype, group, 
 @pytest.mark.parametrize("group", [3, 7])
 @pytest.mark.parametrize("aggregation", ["sum", "max"])
 def test_a_pool_scores_as_torch_whichever_computes_it(dtype, compiled, group, aggregation):
-    keys = _small_integers((2, 3, 50, 64), seed=1).to(dtype)
+    keys = small_integers((2, 3, 50, 64), seed=1).to(dtype)
     pool = HotPool(2, 3, 64, dtype)
     pool.append(keys, keys, np.arange(50)[None].repeat(2, axis=0))
-    query = _small_integers((2, 3, group, 64), seed=2)
+    query = small_integers((2, 3, group, 64), seed=2)
     assert compiled_dots(dtype) == compiled
     dots, token_importance = pool.scores(query, aggregation)
     expected = torch.matmul(query, keys.float().transpose(2, 3))

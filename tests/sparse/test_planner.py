@@ -83,7 +83,6 @@ def test_calibrate_measures_positive_rates_with_the_real_paths(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_the_timed_host_fetch_reads_the_picked_values_as_the_step_does(dtype):
     """In place by the weighted sum where the kernel takes the pool (float32 on AVX2; here the weights are 1/n, so the

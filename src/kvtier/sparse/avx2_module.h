@@ -1,9 +1,26 @@
 /* What the host's AVX2 + FMA kernels (hot_dots.c, chosen_values.c, summed_query.c) share: their module, created with a
    `vectorized` constant that says whether this CPU runs them (x86-64 with AVX2 and FMA). Where it is 0 the
-   kernels refuse to run and the Python side keeps torch's ops. Include after Python.h. */
+   kernels refuse to run and the Python side keeps torch's ops; and the load of eight float32 or bfloat16 numbers
+   their loops share. Include after Python.h. */
 
 #ifndef KVTIER_AVX2_MODULE_H
 #define KVTIER_AVX2_MODULE_H
+
+#include <stdint.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* Eight numbers from `data` (bfloat16 bits when `bf16`, else float32) at index `at`, as float32: a bfloat16 is the
+   top half of a float32. */
+__attribute__((target("avx2,fma"), always_inline))
+static inline __m256 eight_floats(const void *data, size_t at, int bf16) {
+    if (!bf16)
+        return _mm256_loadu_ps((const float *)data + at);
+    __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)data + at));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+#endif
 
 /* `definition`'s module with its `vectorized` constant, which `*vectorized` also receives; NULL on error. */
 static PyObject *create_avx2_module(struct PyModuleDef *definition, int *vectorized) {

@@ -27,15 +27,6 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-/* Eight values from `row` (bfloat16 bits when `bf16`, else float32) at float index `at`, as float32. */
-__attribute__((target("avx2,fma"), always_inline))
-static inline __m256 eight_values(const void *row, int at, int bf16) {
-    if (!bf16)
-        return _mm256_loadu_ps((const float *)row + at);
-    __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + at));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-
 /* acc[g][d .. d + 8 x vectors) += sum over the block's rows of weights[g][j] x row_j[d ..], for `queries` query heads
    (`queries` and `vectors` are constants once inlined). */
 __attribute__((target("avx2,fma"), always_inline))
@@ -48,7 +39,7 @@ static inline void block_pass(const char *const *rows, int count, const float *w
     for (int j = 0; j < count; j++) {
         __m256 row[STRETCH / 8];
         for (int v = 0; v < vectors; v++)
-            row[v] = eight_values(rows[j], d + 8 * v, bf16);
+            row[v] = eight_floats(rows[j], (size_t)(d + 8 * v), bf16);
         for (int g = 0; g < queries; g++) {
             __m256 w = _mm256_broadcast_ss(weights + (size_t)g * weight_stride + j);
             for (int v = 0; v < vectors; v++)
@@ -190,5 +181,10 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_chosen_values", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__chosen_values(void) {
-    return create_avx2_module(&module, &vectorized);
+    PyObject *created = create_avx2_module(&module, &vectorized);
+    if (created != NULL && PyModule_AddIntConstant(created, "max_accumulators", MAX_ACC) < 0) {
+        Py_DECREF(created);
+        return NULL;
+    }
+    return created;
 }

@@ -32,15 +32,6 @@
 
 enum { SUM = 0, MAX = 1 }; /* how a token's dots reduce to its importance */
 
-/* Eight keys from `keys` (bfloat16 bits when `bf16`, else float32) at token index `at`, as float32. */
-__attribute__((target("avx2,fma"), always_inline))
-static inline __m256 eight_keys(const void *keys, size_t at, int bf16) {
-    if (!bf16)
-        return _mm256_loadu_ps((const float *)keys + at);
-    __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)keys + at));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-
 static inline float one_key(const void *keys, size_t at, int bf16) {
     if (!bf16)
         return ((const float *)keys)[at];
@@ -69,8 +60,8 @@ static inline void tile_dots(const void *tile, const float *query, float *out, f
     for (int g = 0; g < queries; g++)
         low[g] = high[g] = _mm256_setzero_ps();
     for (int d = 0; d < head_dim; d++) {
-        __m256 key_low = eight_keys(tile, (size_t)d * TILE, bf16);
-        __m256 key_high = eight_keys(tile, (size_t)d * TILE + 8, bf16);
+        __m256 key_low = eight_floats(tile, (size_t)d * TILE, bf16);
+        __m256 key_high = eight_floats(tile, (size_t)d * TILE + 8, bf16);
         for (int g = 0; g < queries; g++) {
             __m256 q = _mm256_broadcast_ss(query + (size_t)g * head_dim + d);
             low[g] = _mm256_fmadd_ps(q, key_low, low[g]);

@@ -148,7 +148,7 @@ def weighs_in_place(values: torch.Tensor, group: int) -> bool:
     `group` query heads per KV head: float32 or bfloat16, head_dim a multiple of 8, a CPU with AVX2 and FMA."""
     return (_chosen_values.vectorized and values.device.type == "cpu" and values.is_contiguous()
             and values.dtype in (torch.float32, torch.bfloat16) and values.shape[3] % 8 == 0
-            and group * values.shape[3] <= 8192)
+            and group * values.shape[3] <= _chosen_values.max_accumulators)
 
 
 def _chosen_hot(hot_dots: torch.Tensor, hot_positions: np.ndarray,
