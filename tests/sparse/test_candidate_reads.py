@@ -50,13 +50,15 @@ def _check(cold, found, kv, layer, query, counts):
     """Each sequence got the `counts` slots its sketches score best under `query`, ascending, with the K/V written
     there."""
     keys, values = kv[layer]
-    for seq, (slots, records, nbytes) in enumerate(found):
+    slots_by_seq, records, nbytes = found
+    fetched = cold.fetched(slots_by_seq, records, int(nbytes.sum()))
+    for seq, slots in enumerate(fetched.slots):
         scores = score(quantize(keys[seq].transpose(0, 1).numpy(), FMT), query[seq], FMT, "sum")
         assert slots.tolist() == sorted(np.argsort(-scores, kind="stable")[: counts[seq]].tolist())
-        got_keys, got_values, _ = cold.tokens(slots, records, nbytes)
+        got_keys, got_values = fetched.of(seq)
         torch.testing.assert_close(got_keys, keys[seq][:, slots])
         torch.testing.assert_close(got_values, values[seq][:, slots])
-        assert nbytes >= counts[seq] * cold.kv.layout.record_bytes
+        assert nbytes[seq] >= counts[seq] * cold.kv.layout.record_bytes
 
 
 def test_the_scorer_reads_each_sequences_best_candidates(pool):
@@ -65,7 +67,8 @@ def test_the_scorer_reads_each_sequences_best_candidates(pool):
     client.request(1, _query(1), TOKENS, counts)
     found = client.candidates()
     _check(cold, found, kv, 1, _query(1), counts)
-    assert channel.control[CONTROL_CANDIDATE_READ_BYTES] == sum(nbytes for _, _, nbytes in found)
+    _, _, nbytes = found
+    assert channel.control[CONTROL_CANDIDATE_READ_BYTES] == nbytes.sum()
     assert client.host_scored_requests == 0 and client.process.poll() is None
 
 
@@ -73,20 +76,20 @@ def test_a_layers_candidates_stay_while_the_next_layers_are_read(pool):
     channel, cold, client, kv = pool
     counts = np.array([9, 9])
     client.request(0, _query(2), TOKENS, counts)
-    first = client.candidates()
-    kept = [(slots.copy(), records.copy()) for slots, records, _ in first]
+    slots, records, _ = client.candidates()
+    kept = [seq_slots.copy() for seq_slots in slots], records.copy()
     client.request(1, _query(3), TOKENS, counts)
     client.candidates()
-    for (slots, records, _), (slots_then, records_then) in zip(first, kept):
-        np.testing.assert_array_equal(slots, slots_then)
-        np.testing.assert_array_equal(records, records_then)
+    for seq_slots, slots_then in zip(slots, kept[0]):
+        np.testing.assert_array_equal(seq_slots, slots_then)
+    np.testing.assert_array_equal(records, kept[1])
 
 
 def test_a_damaged_candidate_page_is_an_error_not_an_answer(pool):
     channel, cold, client, kv = pool
     client.request(0, _query(4), TOKENS, np.array([ROOM, ROOM]))
-    found = client.candidates()
-    slot = int(found[1][0][0])
+    slots, _, _ = client.candidates()
+    slot = int(slots[1][0])
     offset = cold.kv.layout.region_offset(0, 1) + slot * cold.kv.layout.record_bytes + 3
     fd = os.open(cold.kv.path, os.O_RDWR)
     try:

@@ -9,12 +9,15 @@ from kvtier.sparse.selection import weighs_in_place
 pytestmark = pytest.mark.skipif(not _chosen_values.vectorized, reason="the kernel needs AVX2 and FMA")
 
 
-def _weighted(values, slots, counts, weights, start):
+def _weighted(values, slots, counts, weights, start, rows=None):
+    """The kernel's sum over `values` [batch, heads, pool, head_dim], viewed in `rows` (its buffer) where given."""
     batch, heads, group, stride = weights.shape
     out = torch.full((batch, heads, group, values.shape[3]), float("nan"))
-    bits = values.view(torch.int16) if values.dtype == torch.bfloat16 else values
-    _chosen_values.weighted(bits.numpy(), slots, counts, weights.numpy(), out.numpy(), values.element_size(), batch,
-                            heads, group, values.shape[2], slots.shape[1], stride, start, values.shape[3])
+    rows = values if rows is None else rows
+    bits = rows.view(torch.int16) if rows.dtype == torch.bfloat16 else rows
+    _chosen_values.weighted(bits.numpy(), values.storage_offset(), *values.stride()[:3], slots, counts, weights.numpy(),
+                            out.numpy(), values.element_size(), batch, heads, group, values.shape[2], slots.shape[1],
+                            stride, start, values.shape[3])
     return out
 
 
@@ -44,6 +47,19 @@ def test_the_weighted_sum_equals_torch_over_the_copied_rows(dtype, group, head_d
         torch.testing.assert_close(out[seq], expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rows_at_any_strides_are_read_where_they_lie(dtype):
+    """Values in token records [batch, tokens, K|V, heads, head_dim], as the candidates' reads land: the V rows."""
+    batch, heads, tokens, head_dim, group = 2, 3, 40, 64, 3
+    records = small_integers((batch, tokens, 2, heads, head_dim), seed=3).to(dtype)
+    values = records[:, :, 1].transpose(1, 2)  # [batch, heads, tokens, head_dim], at the records' strides
+    slots, counts = _chosen(batch, tokens, (37, 5), seed=4)
+    weights = small_integers((batch, heads, group, slots.shape[1]), seed=5)
+    out = _weighted(values, slots, counts, weights, 0, rows=records)
+    expected = _weighted(values.contiguous(), slots, counts, weights, 0)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(slot=120), "outside the pool"),
     (dict(slot=-1), "outside the pool"),
@@ -51,6 +67,8 @@ def test_the_weighted_sum_equals_torch_over_the_copied_rows(dtype, group, head_d
     (dict(head_dim=12), "multiple of 8"),
     (dict(start=3), "within each weight row"),
     (dict(out_rows=1), "does not match"),
+    (dict(first=1), "within their buffer"),
+    (dict(first=-1), "within their buffer"),
 ])
 def test_bad_input_is_refused_not_read(change, message):
     batch, heads, group, pool, width = 2, 1, 2, 120, 8
@@ -62,8 +80,9 @@ def test_bad_input_is_refused_not_read(change, message):
     weights = torch.zeros(batch, heads, group, 10)
     out = torch.zeros(batch, heads, group - change.get("out_rows", 0), head_dim)
     with pytest.raises(ValueError, match=message):
-        _chosen_values.weighted(values.numpy(), slots, counts, weights.numpy(), out.numpy(), 4, batch, heads, group,
-                                pool, width, 10, change.get("start", 2), head_dim)
+        _chosen_values.weighted(values.numpy(), change.get("first", 0), *values.stride()[:3], slots, counts,
+                                weights.numpy(), out.numpy(), 4, batch, heads, group, pool, width, 10,
+                                change.get("start", 2), head_dim)
 
 
 def test_only_pools_the_kernel_reads_are_weighed_in_place():

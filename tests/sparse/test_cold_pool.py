@@ -64,9 +64,13 @@ def test_fetch_many_returns_each_sequences_tokens(cold):
     keys, values = torch.randn(2, 2, 10, 32), torch.randn(2, 2, 10, 32)
     cold.append(0, keys, values, np.arange(10)[None, :].repeat(2, axis=0))
     slots = [np.array([9, 1]), np.array([4])]
-    for seq, (got_keys, got_values, _) in enumerate(cold.fetch_many(0, slots)):
+    fetched = cold.fetch_many(0, slots)
+    assert fetched.counts.tolist() == [2, 1] and fetched.keys.shape == (2, 2, 2, 32)
+    for seq in range(2):
+        got_keys, got_values = fetched.of(seq)
         torch.testing.assert_close(got_keys, keys[seq][:, slots[seq]])
         torch.testing.assert_close(got_values, values[seq][:, slots[seq]])
+    assert not fetched.keys[1, :, 1].any() and not fetched.values[1, :, 1].any()  # the padding: zeros
 
 
 def test_later_writes_are_published_when_settled(cold):

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from kvtier.sparse import _chosen_values
-from kvtier.sparse.selection import (MIN_CANDIDATES, Picks, Segment, candidate_counts, cold_fetched, exact_attention,
-                                     hot_chosen, hot_in_place, shortlist, window_segment)
+from kvtier.sparse.hot_pool import importance
+from kvtier.sparse.selection import (MIN_CANDIDATES, Picks, Segment, candidate_counts, candidate_scores,
+                                     candidates_in_place, chosen_copied, chosen_in_place, exact_attention, shortlist,
+                                     window_segment)
 
 B, HKV, G, D = 2, 2, 3, 8
 
@@ -77,43 +79,72 @@ def test_the_shortlist_is_the_best_sketch_scores_margin_times_the_cold_picks():
     assert [len(row) for row in shortlist(hot, cold, alpha=20 / 70, margin=1.5, least=35)] == [35, 35]
 
 
+def _candidate_records(gen, own, stale):
+    """Candidates' K/V [B, HKV, own + stale, D] as their reads land: views of token records [B, tokens, 2, HKV, D]
+    (every head of a token in one record), the last `stale` rows of each sequence left from an earlier answer."""
+    records = torch.randn(B, own + stale, 2, HKV, D, generator=gen)
+    records[:, own:] = 1e4
+    return records[:, :, 0].transpose(1, 2), records[:, :, 1].transpose(1, 2)
+
+
+def test_the_candidates_padding_is_never_among_the_top():
+    gen = torch.Generator().manual_seed(0)
+    grouped = torch.randn(B, HKV, G, D, generator=gen)
+    keys, _ = _candidate_records(gen, own=6, stale=3)
+    counts = np.array([6, 4])
+    dots, scores = candidate_scores(grouped, keys, counts, "sum")
+    torch.testing.assert_close(dots, torch.matmul(grouped, keys.transpose(2, 3)))
+    torch.testing.assert_close(scores[0, :6], importance(dots, "sum")[0, :6])
+    torch.testing.assert_close(scores[1, :4], importance(dots, "sum")[1, :4])
+    assert torch.isneginf(scores[0, 6:]).all() and torch.isneginf(scores[1, 4:]).all()
+
+
 @pytest.mark.parametrize("seed, hot_picks, cold_picks", [(2, [[1, 4, 7, 19], [0, 2]], [[3], [0, 5, 8]]),
                                                         (3, [[1, 4, 7, 19], [0, 2]], [[3], [0, 5, 8]]),
                                                         (4, [[1, 4, 7], [0, 2, 11]], [[3, 4], [0, 8]]),
                                                         (5, [[], [0, 2, 11]], [[3, 4, 6], [0]]),
                                                         (6, [[1, 4, 7, 19], [0, 2, 5, 11]], [[], [0]])])
-@pytest.mark.parametrize("hot_segment", [
-    hot_chosen,
-    pytest.param(hot_in_place, marks=pytest.mark.skipif(not _chosen_values.vectorized, reason="needs AVX2 and FMA")),
+@pytest.mark.parametrize("in_place", [
+    False,
+    pytest.param(True, marks=pytest.mark.skipif(not _chosen_values.vectorized, reason="needs AVX2 and FMA")),
 ])
-def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed, hot_picks, cold_picks, hot_segment):
-    """Hot and cold counts differ between the sequences (padded) or not (stacked as picked or fetched); the chosen hot
-    values copied out of the pool or read where they lie."""
+def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed, hot_picks, cold_picks, in_place):
+    """Hot and cold counts differ between the sequences (padded) or not; the chosen values copied out or read where
+    they lie: in the hot pool, and among the candidates' records (the unchosen masked, the stale rows past a
+    sequence's own never read)."""
     gen = torch.Generator().manual_seed(seed)
     query = torch.randn(B, HKV * G, 1, D, generator=gen)
     grouped = query[:, :, 0].reshape(B, HKV, G, D)
     hot_keys, hot_values = torch.randn(B, HKV, 20, D, generator=gen), torch.randn(B, HKV, 20, D, generator=gen)
-    cold_keys, cold_values = torch.randn(B, HKV, 9, D, generator=gen), torch.randn(B, HKV, 9, D, generator=gen)
+    cold_keys, cold_values = _candidate_records(gen, own=9, stale=2)
     window_keys, window_values = torch.randn(B, HKV, 5, D, generator=gen), torch.randn(B, HKV, 5, D, generator=gen)
-    picks = Picks([np.array(slots, dtype=np.int64) for slots in hot_picks], [np.array(slots) for slots in cold_picks],
-                  np.empty((B, 0), dtype=np.int64))  # the chosen positions: not read by the segments
-    dots = torch.matmul(grouped, hot_keys.transpose(2, 3))
+    hot_picks = [np.array(slots, dtype=np.int64) for slots in hot_picks]
+    cold_picks = [np.array(slots, dtype=np.int64) for slots in cold_picks]
+    hot_dots = torch.matmul(grouped, hot_keys.transpose(2, 3))
     hot_positions = np.arange(100, 120)[None].repeat(B, 0)
+    hot = (chosen_in_place if in_place else chosen_copied)(hot_dots, hot_values, hot_positions, hot_picks)
+    counts = np.array([9, 9])
+    cold_dots, _ = candidate_scores(grouped, cold_keys, counts, "sum")
+    unchosen = torch.ones(B, 11, dtype=torch.bool)
+    for seq, rows in enumerate(cold_picks):
+        unchosen[seq, rows] = False
+    cold_dots.masked_fill_(unchosen[:, None, None, :], float("-inf"))
+    cold_positions = np.arange(200, 211)[None].repeat(B, 0)
+    cold = (candidates_in_place(cold_dots, cold_values, cold_positions, counts) if in_place
+            else Segment(cold_dots, cold_values, cold_positions))
     window = window_segment(grouped, window_keys, window_values, np.arange(5))
-    cold = cold_fetched(grouped, [(cold_keys[s][:, picks.cold[s]], cold_values[s][:, picks.cold[s]]) for s in range(B)],
-                        [picks.cold[s] + 200 for s in range(B)])
-    output = exact_attention([window, hot_segment(dots, hot_values, hot_positions, picks), cold], query, 0.4)
+    output = exact_attention([window, hot, cold], query, 0.4)
     for seq in range(B):
-        keys = torch.cat([window_keys[seq], hot_keys[seq][:, picks.hot[seq]], cold_keys[seq][:, picks.cold[seq]]], 1)
-        values = torch.cat([window_values[seq], hot_values[seq][:, picks.hot[seq]],
-                            cold_values[seq][:, picks.cold[seq]]], 1)
+        keys = torch.cat([window_keys[seq], hot_keys[seq][:, hot_picks[seq]], cold_keys[seq][:, cold_picks[seq]]], 1)
+        values = torch.cat([window_values[seq], hot_values[seq][:, hot_picks[seq]],
+                            cold_values[seq][:, cold_picks[seq]]], 1)
         expected = _dense_attention(query[seq : seq + 1], keys[None], values[None], 0.4)
         torch.testing.assert_close(output[seq : seq + 1], expected)
 
 
 def test_a_segment_left_in_the_pool_stays_on_the_host():
-    picks = Picks([np.array([1]), np.array([0, 2])], [np.array([], dtype=np.int64)] * 2, np.empty((2, 0)))
-    segment = hot_in_place(torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 4, 8), np.arange(4)[None].repeat(2, 0), picks)
+    segment = chosen_in_place(torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 4, 8), np.arange(4)[None].repeat(2, 0),
+                              [np.array([1]), np.array([0, 2])])
     assert segment.to(torch.device("cpu")) is segment
     with pytest.raises(ValueError, match="host memory"):
         segment.to(torch.device("meta"))

@@ -1,10 +1,13 @@
-/* The attention's weighted sum over the chosen hot tokens, read where they lie in the hot pool.
+/* The attention's weighted sum over the chosen pooled tokens, read where they lie: in the hot pool, or among the
+   cold candidates' records where their reads landed.
 
-   Once a decode step has chosen its hot tokens and taken the softmax, the hot
+   Once a decode step has chosen its tokens and taken the softmax, each source's
    part of the output is sum_j w[g, j] x V[slot_j] per query head g. Copying the
-   chosen values out of the pool first (index_select) and then multiplying
-   wrote and read them again; at batch 8 the pool is out of cache and the copy
-   cost more than the product (docs/decisions.md). Here each chosen row is read
+   chosen values out first (index_select) and then multiplying wrote and read
+   them again; at batch 8 the hot pool is out of cache and the copy cost more
+   than the product, and for the few chosen candidates the copies' per-call
+   overhead was the cost (docs/decisions.md). The rows may lie at any strides
+   (a token's K|V record holds every head). Here each chosen row is read
    once: rows go in blocks of BLOCK tokens, small enough to stay in L1 while
    every query head of the group and every stretch of the head dimension takes
    them, with one accumulator per (query head, 8 floats) in registers. Values are
@@ -74,10 +77,12 @@ static inline void prefetch_row(const char *row, size_t row_bytes) {
         _mm_prefetch(row + line, _MM_HINT_T0);
 }
 
-/* One (sequence, KV head): out[g] = sum_j weights[g][j] x values[slots[j]] over the `count` chosen slots. */
+/* One (sequence, KV head): out[g] = sum_j weights[g][j] x the row of slots[j] over the `count` chosen slots; a slot's
+   row starts slot x slot_bytes after `values`. */
 __attribute__((target("avx2,fma")))
-static void head_sum(const char *values, size_t row_bytes, const int64_t *slots, Py_ssize_t count,
+static void head_sum(const char *values, size_t slot_bytes, const int64_t *slots, Py_ssize_t count,
                      const float *weights, Py_ssize_t weight_stride, float *out, int group, int head_dim, int bf16) {
+    size_t row_bytes = (size_t)head_dim * (bf16 ? 2 : 4);
     float acc[MAX_ACC];
     memset(acc, 0, (size_t)group * head_dim * sizeof(float));
     const char *rows[BLOCK];
@@ -85,9 +90,9 @@ static void head_sum(const char *values, size_t row_bytes, const int64_t *slots,
     for (Py_ssize_t start = 0; start < count; start += BLOCK) {
         int block = count - start < BLOCK ? (int)(count - start) : BLOCK;
         for (int j = 0; j < block; j++)
-            rows[j] = values + (size_t)slots[start + j] * row_bytes;
+            rows[j] = values + (size_t)slots[start + j] * slot_bytes;
         for (Py_ssize_t j = start + BLOCK; j < start + 2 * BLOCK && j < count; j++)
-            prefetch_row(values + (size_t)slots[j] * row_bytes, row_bytes);
+            prefetch_row(values + (size_t)slots[j] * slot_bytes, row_bytes);
         const float *w = weights + start;
         if (vectors == STRETCH / 8)
             block_passes(rows, block, w, weight_stride, acc, group, head_dim, STRETCH / 8, bf16);
@@ -97,14 +102,16 @@ static void head_sum(const char *values, size_t row_bytes, const int64_t *slots,
     memcpy(out, acc, (size_t)group * head_dim * sizeof(float));
 }
 
-static void all_heads(const char *values, const int64_t *slots, const int64_t *counts, const float *weights,
-                      Py_ssize_t weight_stride, Py_ssize_t weight_start, float *out, int value_bytes, int batch,
-                      int heads, int group, Py_ssize_t pool_slots, Py_ssize_t width, int head_dim) {
-    size_t row_bytes = (size_t)head_dim * value_bytes;
+/* Every (sequence, KV head); the row of (b, h, slot) starts at element first + b x strides[0] + h x strides[1] +
+   slot x strides[2] of `values`. */
+static void all_heads(const char *values, const Py_ssize_t *strides, Py_ssize_t first, const int64_t *slots,
+                      const int64_t *counts, const float *weights, Py_ssize_t weight_stride, Py_ssize_t weight_start,
+                      float *out, int value_bytes, int batch, int heads, int group, Py_ssize_t width, int head_dim) {
     for (int b = 0; b < batch; b++)
         for (int h = 0; h < heads; h++) {
             size_t head = (size_t)b * heads + h;
-            head_sum(values + head * pool_slots * row_bytes, row_bytes, slots + (size_t)b * width, counts[b],
+            const char *rows = values + (size_t)(first + b * strides[0] + h * strides[1]) * value_bytes;
+            head_sum(rows, (size_t)strides[2] * value_bytes, slots + (size_t)b * width, counts[b],
                      weights + head * group * weight_stride + weight_start, weight_stride,
                      out + head * group * head_dim, group, head_dim, value_bytes == 2);
         }
@@ -129,9 +136,10 @@ static int slots_in_pool(const int64_t *slots, const int64_t *counts, int batch,
 static PyObject *weighted(PyObject *self, PyObject *args) {
     Py_buffer values, slots, counts, weights, out;
     int value_bytes, batch, heads, group, head_dim;
-    Py_ssize_t pool_slots, width, weight_stride, weight_start;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*iiiinnnni", &values, &slots, &counts, &weights, &out, &value_bytes, &batch,
-                          &heads, &group, &pool_slots, &width, &weight_stride, &weight_start, &head_dim))
+    Py_ssize_t first, strides[3], pool_slots, width, weight_stride, weight_start;
+    if (!PyArg_ParseTuple(args, "y*nnnny*y*y*w*iiiinnnni", &values, &first, &strides[0], &strides[1], &strides[2],
+                          &slots, &counts, &weights, &out, &value_bytes, &batch, &heads, &group, &pool_slots, &width,
+                          &weight_stride, &weight_start, &head_dim))
         return NULL;
     PyObject *result = NULL;
     if (!vectorized) {
@@ -142,8 +150,11 @@ static PyObject *weighted(PyObject *self, PyObject *args) {
                || weight_start < 0 || weight_start + width > weight_stride || (size_t)group * head_dim > MAX_ACC) {
         PyErr_SetString(PyExc_ValueError, "bad shape: need batch, heads, group > 0, head_dim a multiple of 8, "
                         "group x head_dim <= 8192 and the chosen columns within each weight row");
-    } else if ((size_t)values.len < (size_t)batch * heads * pool_slots * head_dim * value_bytes
-               || (size_t)slots.len != (size_t)batch * width * sizeof(int64_t)
+    } else if (first < 0 || strides[0] < 0 || strides[1] < 0 || strides[2] < 0
+               || (pool_slots && (first + (batch - 1) * strides[0] + (heads - 1) * strides[1]
+                                  + (pool_slots - 1) * strides[2] + head_dim) * value_bytes > values.len)) {
+        PyErr_SetString(PyExc_ValueError, "the values' rows do not lie within their buffer");
+    } else if ((size_t)slots.len != (size_t)batch * width * sizeof(int64_t)
                || (size_t)counts.len != (size_t)batch * sizeof(int64_t)
                || (size_t)weights.len < (size_t)batch * heads * group * weight_stride * sizeof(float)
                || (size_t)out.len != (size_t)batch * heads * group * head_dim * sizeof(float)) {
@@ -153,9 +164,9 @@ static PyObject *weighted(PyObject *self, PyObject *args) {
     } else {
 #if defined(__x86_64__)
         Py_BEGIN_ALLOW_THREADS
-        all_heads((const char *)values.buf, (const int64_t *)slots.buf, (const int64_t *)counts.buf,
+        all_heads((const char *)values.buf, strides, first, (const int64_t *)slots.buf, (const int64_t *)counts.buf,
                   (const float *)weights.buf, weight_stride, weight_start, (float *)out.buf, value_bytes, batch, heads,
-                  group, pool_slots, width, head_dim);
+                  group, width, head_dim);
         Py_END_ALLOW_THREADS
 #endif
         result = Py_NewRef(Py_None);
@@ -170,11 +181,13 @@ static PyObject *weighted(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"weighted", weighted, METH_VARARGS,
-     "weighted(values, slots, counts, weights, out, value_bytes, batch, heads, group, pool_slots, width, weight_stride, "
-     "weight_start, head_dim): out[b, h, g] = sum over j < counts[b] of weights[b, h, g, weight_start + j] x "
-     "values[b, h, slots[b, j]]; values [batch, heads, pool_slots, head_dim] of bfloat16 bits (value_bytes 2) or "
-     "float32 (4), slots int64 [batch, width], counts int64 [batch], weights float32 [batch, heads, group, "
-     "weight_stride], out float32 [batch, heads, group, head_dim]."},
+     "weighted(values, first, seq_stride, head_stride, slot_stride, slots, counts, weights, out, value_bytes, batch, "
+     "heads, group, pool_slots, width, weight_stride, weight_start, head_dim): out[b, h, g] = sum over j < counts[b] "
+     "of weights[b, h, g, weight_start + j] x the row of (b, h, slots[b, j]); values a buffer of bfloat16 bits "
+     "(value_bytes 2) or float32 (4) in which the head_dim elements of the row of (b, h, slot) start at element "
+     "first + b x seq_stride + h x head_stride + slot x slot_stride, slots int64 [batch, width] (each < pool_slots), "
+     "counts int64 [batch], weights float32 [batch, heads, group, weight_stride], out float32 [batch, heads, group, "
+     "head_dim]."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,6 +43,27 @@ from kvtier.sparse.sketch import SketchFormat, quantize
 from kvtier.sparse.slot_reads import submit_slot_reads
 from kvtier.storage import IOEngine
 from kvtier.storage.checksum import PageChecksums
+
+
+@dataclass
+class Fetched:
+    """A layer's fetched cold tokens: per sequence their slots (ascending); their verified K/V [batch, heads, width,
+    head_dim], views of the records where the reads landed, sequence s's own the first len(slots[s]) (the rest
+    padding, never chosen); the bytes read."""
+
+    slots: list[np.ndarray]
+    keys: torch.Tensor
+    values: torch.Tensor
+    nbytes: int
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.array([len(slots) for slots in self.slots], dtype=np.int64)
+
+    def of(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sequence `seq`'s own K/V [heads, n, head_dim]."""
+        count = len(self.slots[seq])
+        return self.keys[seq, :, :count], self.values[seq, :, :count]
 
 
 class ColdPool:
@@ -131,31 +153,37 @@ class ColdPool:
 
     def fetch(self, layer: int, seq: int, slots: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Full-precision K/V [heads, n, head_dim] of sequence `seq`'s cold `slots` (checksums verified), bytes read."""
-        return self.fetch_many(layer, [slots], [seq])[0]
+        fetched = self.fetch_many(layer, [slots], [seq])
+        return *fetched.of(0), fetched.nbytes
 
-    def fetch_many(self, layer: int, slots_by_seq: list[np.ndarray],
-                   seqs: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    def fetch_many(self, layer: int, slots_by_seq: list[np.ndarray], seqs: list[int] | None = None) -> Fetched:
         """`fetch` for several sequences of one layer (default 0..n-1), all their reads in flight at once."""
         return self.submit_fetch(layer, slots_by_seq, seqs)()
 
     def submit_fetch(self, layer: int, slots_by_seq: list[np.ndarray],
-                     seqs: list[int] | None = None) -> Callable[[], list[tuple[torch.Tensor, torch.Tensor, int]]]:
+                     seqs: list[int] | None = None) -> Callable[[], Fetched]:
         """`fetch_many` with the reads queued now: returns the function that waits for them (the host works meanwhile)."""
         seqs = list(range(len(slots_by_seq))) if seqs is None else seqs
         wait = submit_slot_reads(self.kv, self.base, self.channel.overlay, layer, slots_by_seq, seqs)
 
-        def result() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-            return [self.tokens(slots, records, nbytes) for slots, (records, nbytes) in zip(slots_by_seq, wait())]
+        def result() -> Fetched:
+            landed = wait()
+            block = np.zeros((len(landed), max(len(slots) for slots in slots_by_seq), 2 * self.token_bytes), np.uint8)
+            for seq, (records, _) in enumerate(landed):
+                block[seq, : len(records)] = records
+            return self.fetched(slots_by_seq, block, sum(nbytes for _, nbytes in landed))
 
         return result
 
-    def tokens(self, slots: np.ndarray, records: np.ndarray, nbytes: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """K/V [heads, n, head_dim] of verified records read for `slots` (views of `records`), and `nbytes`."""
-        if not len(slots):  # torch gives an empty byte array a zero stride, which it refuses to reinterpret
-            empty = torch.empty(self.heads, 0, self.head_dim, dtype=self.dtype)
-            return empty, empty.clone(), 0
-        tokens = torch.from_numpy(records).view(self.dtype).view(len(slots), 2, self.heads, self.head_dim)
-        return tokens[:, 0].transpose(0, 1), tokens[:, 1].transpose(0, 1), nbytes
+    def fetched(self, slots: list[np.ndarray], records: np.ndarray, nbytes: int) -> Fetched:
+        """The K/V of verified records read for `slots` (uint8 [batch, width, record_bytes], sequence s's the first
+        len(slots[s])), viewed where they lie, and `nbytes` read for them."""
+        batch, width, _ = records.shape
+        if not width:  # torch gives an empty byte array a zero stride, which it refuses to reinterpret
+            empty = torch.empty(batch, self.heads, 0, self.head_dim, dtype=self.dtype)
+            return Fetched(slots, empty, empty.clone(), nbytes)
+        tokens = torch.from_numpy(records).view(self.dtype).view(batch, width, 2, self.heads, self.head_dim)
+        return Fetched(slots, tokens[:, :, 0].transpose(1, 2), tokens[:, :, 1].transpose(1, 2), nbytes)
 
     def close(self) -> None:
         self.writes.close()

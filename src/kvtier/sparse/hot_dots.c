@@ -5,9 +5,11 @@
    their attention logits. The pool is out of cache by then, so the product is
    bound by reading the keys. The pool keeps them in tiles of 16 tokens, each
    tile dimension-major ([tiles, head_dim, 16]), so a tile is one contiguous
-   run the prefetchers follow; the kernel loads each tile once, widened from
-   bfloat16 in registers where need be (a bfloat16 is the top half of a
-   float32), and multiplies it into up to four query heads at once. The same
+   run the prefetchers follow, and the kernel asks for the next tile while it
+   multiplies one (the prefetchers alone left it short of the memory's rate);
+   it loads each tile once, widened from bfloat16 in registers where need be
+   (a bfloat16 is the top half of a float32), and multiplies it into up to
+   four query heads at once. The same
    pass reduces the tile's dots over the query heads of a sequence into each
    token's importance (summed or max, hot_pool.importance), while they are
    still in registers: torch's reduction over the written dots was a second
@@ -92,7 +94,10 @@ static inline void head_dots(const char *keys, const float *query, float *out, f
                              int head_dim, Py_ssize_t used, int aggregation, int first_head) {
     size_t tile_bytes = (size_t)head_dim * TILE * (bf16 ? 2 : 4);
     Py_ssize_t n = 0;
-    for (; n + TILE <= used; n += TILE, keys += tile_bytes)
+    for (; n + TILE <= used; n += TILE, keys += tile_bytes) {
+        if (n + 2 * TILE <= used)  /* the next tile, asked for while this one is multiplied (docs/decisions.md) */
+            for (size_t line = 0; line < tile_bytes; line += 64)
+                _mm_prefetch(keys + tile_bytes + line, _MM_HINT_T0);
         for (int g = 0; g < group; g += MAX_QUERIES) {
             const float *q = query + (size_t)g * head_dim;
             float *o = out + (size_t)g * used + n, *i = importance + n;
@@ -104,6 +109,7 @@ static inline void head_dots(const char *keys, const float *query, float *out, f
                 default: tile_dots(keys, q, o, i, 4, bf16, head_dim, used, aggregation, first);
             }
         }
+    }
     for (Py_ssize_t lane = 0; n + lane < used; lane++)  /* the last, partly filled tile */
         for (int g = 0; g < group; g++) {
             float dot = 0.0f;

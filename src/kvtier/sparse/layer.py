@@ -40,12 +40,14 @@ import torch
 from kvtier.kv.gather import take_tokens
 from kvtier.kv.windowed import WindowedLayer
 from kvtier.sparse.cold_image import ImagedLayer
+from kvtier.sparse.cold_pool import Fetched
 from kvtier.sparse.hit_table import HitTable
-from kvtier.sparse.hot_pool import HotPool, importance
+from kvtier.sparse.hot_pool import HotPool
 from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
 from kvtier.sparse.placement import seed_hits, selection_importance, split_hot_cold
 from kvtier.sparse.selection import (
-    Picks, Segment, cold_fetched, exact_attention, hot_chosen, hot_in_place, shortlist, weighs_in_place, window_segment,
+    Picks, Segment, candidate_scores, candidates_in_place, chosen_copied, chosen_in_place, exact_attention, shortlist,
+    weighs_in_place, window_segment,
 )
 from kvtier.sparse.stats import PhaseClock
 
@@ -226,11 +228,9 @@ class SparseLayer(WindowedLayer):
             wait_cold = runtime.cold.submit_fetch(self.tier, slots)
             self._look_ahead()  # after this layer's reads are queued: they go first
             clock.lap("submit")
-            cold = wait_cold()
+            candidates = wait_cold()
             clock.lap("cold reads")
-        else:
-            slots, cold = candidates.slots, candidates.fetched
-        picks, rows, chosen_scores, cold_segment = self._pick_among(slots, cold, grouped, hot_scores, cold_count)
+        picks, rows, chosen_scores, cold_segment = self._pick_among(candidates, grouped, hot_scores, cold_count)
         clock.lap("choice")
         swaps = self._plan_swaps(picks, hot_scores.numpy(), chosen_scores)
         clock.lap("plan")
@@ -244,7 +244,7 @@ class SparseLayer(WindowedLayer):
         runtime.promotion_price.observe_fetch(fetch, picks.cold_count)
         if runtime.on_attend is not None:
             self._report_attended(picks.positions)
-        self._apply_swaps(swaps, picks, cold, rows)
+        self._apply_swaps(swaps, picks, candidates, rows)
         self.cold_picked = np.array([len(slots) for slots in picks.cold])
         self.retire()
         clock.lap("after")
@@ -259,7 +259,7 @@ class SparseLayer(WindowedLayer):
             step.selected_cold += picks.cold_count
             step.pooled_hot += self.hot.used * len(query)
             step.pooled_cold += cold_count * len(query)
-            step.cold_bytes_fetched += sum(nbytes for _, _, nbytes in cold)
+            step.cold_bytes_fetched += candidates.nbytes
             step.lookahead_layers += prefetched
         return output, None
 
@@ -302,23 +302,30 @@ class SparseLayer(WindowedLayer):
         """Candidates a sequence needs for the hot pool and them to hold the top-alpha share of the whole pool."""
         return max(0, math.ceil(self.runtime.settings.alpha * (self.hot.used + cold_tokens)) - self.hot.used)
 
-    def _pick_among(self, slots: list[np.ndarray], fetched: list, grouped: torch.Tensor, hot_scores: torch.Tensor,
+    def _pick_among(self, candidates: Fetched, grouped: torch.Tensor, hot_scores: torch.Tensor,
                     cold_count: int) -> tuple[Picks, list[np.ndarray], list[np.ndarray], Segment]:
-        """The top-alpha of hot pool + prefetched candidates (`slots` per sequence, `fetched` their K/V), scored with
-        this layer's query on their full-precision keys. Returns the picks (cold ones as pool slots), per sequence
-        the chosen candidates' rows in `fetched` and their scores, and the candidates as a segment (the unchosen
-        masked). The chosen K/V are not copied out: only a promotion needs them (`_apply_swaps`)."""
-        positions = [self.runtime.cold.positions[self.tier][seq][row] for seq, row in enumerate(slots)]
-        segment = cold_fetched(grouped, [(keys, values) for keys, values, _ in fetched], positions)
-        scores = importance(segment.logits, self.runtime.settings.aggregation)  # padding: -inf, never among the top
-        among = Picks.top(hot_scores, scores, self._scored_positions(segment.positions), self.runtime.settings.alpha,
+        """The top-alpha of hot pool + the cold candidates read (prefetched or the shortlist's), scored with this
+        layer's query on their full-precision keys. Returns the picks (cold ones as pool slots), per sequence the
+        chosen candidates' rows in `candidates` and their scores, and the candidates as a segment (the unchosen
+        masked). Their K/V are not copied out on the CPU: the weighted sum reads the values where the reads landed,
+        and only a promotion copies (`_apply_swaps`)."""
+        counts = candidates.counts
+        positions = np.zeros((len(counts), candidates.keys.shape[2]), dtype=np.int64)
+        for seq, slots in enumerate(candidates.slots):
+            positions[seq, : len(slots)] = self.runtime.cold.positions[self.tier][seq][slots]
+        dots, scores = candidate_scores(grouped, candidates.keys, counts, self.runtime.settings.aggregation)
+        among = Picks.top(hot_scores, scores, self._scored_positions(positions), self.runtime.settings.alpha,
                           pooled=hot_scores.shape[1] + cold_count)
         chosen = np.zeros(scores.shape, dtype=bool)
         for seq, rows in enumerate(among.cold):
             chosen[seq, rows] = True
-        segment.logits.masked_fill_(torch.from_numpy(~chosen)[:, None, None, :], float("-inf"))
-        picks = Picks(among.hot, [row[rows] for row, rows in zip(slots, among.cold)], among.positions)
-        return picks, among.cold, [row[rows] for row, rows in zip(scores.numpy(), among.cold)], segment.to(self.device)
+        dots.masked_fill_(torch.from_numpy(~chosen)[:, None, None, :], float("-inf"))
+        if self.device.type == "cpu" and weighs_in_place(candidates.values, dots.shape[2]):
+            segment = candidates_in_place(dots, candidates.values, positions, counts)
+        else:
+            segment = Segment(dots, candidates.values, positions).to(self.device)
+        picks = Picks(among.hot, [row[rows] for row, rows in zip(candidates.slots, among.cold)], among.positions)
+        return picks, among.cold, [row[rows] for row, rows in zip(scores.numpy(), among.cold)], segment
 
     def _scored_positions(self, cold: np.ndarray) -> np.ndarray:
         """Positions [B, hot + n] of the hot pool's tokens, then of the scored cold tokens `cold` [B, n]."""
@@ -326,10 +333,10 @@ class SparseLayer(WindowedLayer):
 
     def _hot_segment(self, hot_dots: torch.Tensor, picks: Picks) -> Segment:
         """The chosen hot tokens: attended where they lie when the host computes, else copied to the device."""
-        positions = self.hot.positions[:, : self.hot.used]
-        if self.device.type == "cpu" and weighs_in_place(self.hot.values, hot_dots.shape[2]):
-            return hot_in_place(hot_dots, self.hot.values, positions, picks)
-        return hot_chosen(hot_dots, self.hot.values, positions, picks).to(self.device)
+        values, positions = self.hot.values, self.hot.positions[:, : self.hot.used]
+        if self.device.type == "cpu" and weighs_in_place(values, hot_dots.shape[2]):
+            return chosen_in_place(hot_dots, values, positions, picks.hot)
+        return chosen_copied(hot_dots, values, positions, picks.hot).to(self.device)
 
     def _report_attended(self, chosen: np.ndarray) -> None:
         """Tell the evaluation watcher the positions attended: sink, chosen, recent (with the new token)."""
@@ -345,22 +352,22 @@ class SparseLayer(WindowedLayer):
         if policy is None:
             return [NO_SWAPS] * len(picks.cold)
         hot_positions = self.hot.positions[:, : self.hot.used]
-        planning = policy.may_promote(self.table, picks.positions, np.array([len(hot) for hot in picks.hot]),
-                                      hot_positions)
-        return [policy.plan(self.table, seq, cold_positions, cold_scores[seq], hot_positions[seq],
+        cold_positions = picks.cold_positions
+        planning = policy.may_promote(self.table, cold_positions, hot_positions)
+        return [policy.plan(self.table, seq, positions, cold_scores[seq], hot_positions[seq],
                             hot_scores[seq]) if planning[seq] else NO_SWAPS
-                for seq, cold_positions in enumerate(picks.cold_positions)]
+                for seq, positions in enumerate(cold_positions)]
 
-    def _apply_swaps(self, plans: list[Swaps], picks: Picks, cold: list, rows: list[np.ndarray]) -> None:
-        """Promote the planned cold tokens (their K/V just fetched, in `cold`; each sequence's chosen ones at `rows`)
-        into the victims' hot slots, and back."""
+    def _apply_swaps(self, plans: list[Swaps], picks: Picks, candidates: Fetched, rows: list[np.ndarray]) -> None:
+        """Promote the planned cold tokens (their K/V just fetched, in `candidates`; each sequence's chosen ones at
+        `rows`) into the victims' hot slots, and back."""
         cold_pool = self.runtime.cold
         for seq, (swaps, cold_positions) in enumerate(zip(plans, picks.cold_positions)):
             if not len(swaps):
                 continue
             cold_slots = picks.cold[seq]
             hot_positions = self.hot.positions[seq, : self.hot.used]
-            cold_keys, cold_values, _ = cold[seq]
+            cold_keys, cold_values = candidates.of(seq)
             victim_keys = self.hot.keys_of(seq, swaps.victims)
             victim_values = self.hot.values[seq][:, torch.from_numpy(swaps.victims)]
             victim_positions = hot_positions[swaps.victims].copy()

@@ -43,16 +43,8 @@ import numpy as np
 import torch
 
 from kvtier.sparse import _summed_query
+from kvtier.sparse.cold_pool import Fetched
 from kvtier.sparse.selection import MIN_CANDIDATES, candidate_counts
-
-
-@dataclass
-class Candidates:
-    """A layer's cold candidates, read ahead: per sequence their slots (ascending) and their verified K/V (keys,
-    values [heads, m, head_dim], bytes read)."""
-
-    slots: list[np.ndarray]
-    fetched: list[tuple[torch.Tensor, torch.Tensor, int]]
 
 
 class QueryForecast:
@@ -219,15 +211,14 @@ class Lookahead:
         self.scorer.request(tier, predicted, cold_tokens, counts)
         self._tiers.append(tier)
 
-    def take(self, tier: int) -> Candidates | None:
+    def take(self, tier: int) -> Fetched | None:
         """The candidates read ahead for `tier` (waiting for them if need be), or None when none were started for it."""
         if not self._tiers or self._tiers[0] != tier:
             self.drain()
             return None
         self._tiers.popleft()
-        found = self.scorer.candidates()
-        return Candidates([slots for slots, _, _ in found],
-                          [self.cold.tokens(slots, records, nbytes) for slots, records, nbytes in found])
+        slots, records, nbytes = self.scorer.candidates()
+        return self.cold.fetched(slots, records, int(nbytes.sum()))
 
     def drain(self) -> None:
         """Finish what is in flight and drop it (a step that ended midway): the scorer is free."""

@@ -54,15 +54,14 @@ class HitPolicy:
     idle_steps: int = 16
     price: PromotionPrice | None = None
 
-    def may_promote(self, table: HitTable, chosen: np.ndarray, hot_counts: np.ndarray,
-                    hot_positions: np.ndarray) -> np.ndarray:
+    def may_promote(self, table: HitTable, cold_positions: list[np.ndarray], hot_positions: np.ndarray) -> np.ndarray:
         """Per sequence, whether `plan` can find a candidate and a victim: one check for the whole batch, since most
-        steps promote nothing. `chosen` [batch, k]: each sequence's chosen positions, its `hot_counts[seq]` hot ones
-        first; `hot_positions` [batch, n]: the hot pool's."""
+        steps promote nothing. `cold_positions`: each sequence's chosen cold positions (a few: only their hits are
+        read); `hot_positions` [batch, n]: the hot pool's."""
         if not self.max_moves:
-            return np.zeros(len(chosen), dtype=bool)
-        cold = np.arange(chosen.shape[1]) >= hot_counts[:, None]
-        possible = (cold & (table.hits_rows(chosen) >= self._needed_hits())).any(axis=1)
+            return np.zeros(len(cold_positions), dtype=bool)
+        needed = self._needed_hits()
+        possible = np.array([(hits[positions] >= needed).any() for hits, positions in zip(table.hits, cold_positions)])
         if possible.any():
             possible &= (table.idle_rows(hot_positions) >= self.idle_steps).any(axis=1)
         return possible
@@ -106,10 +105,10 @@ def coldest(hits: np.ndarray, idle: np.ndarray, count: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class NaivePolicy(HitPolicy):
-    def may_promote(self, table: HitTable, chosen: np.ndarray, hot_counts: np.ndarray,
-                    hot_positions: np.ndarray) -> np.ndarray:
+    def may_promote(self, table: HitTable, cold_positions: list[np.ndarray], hot_positions: np.ndarray) -> np.ndarray:
         # every chosen cold token is a candidate, every hot token a victim
-        return (hot_counts < chosen.shape[1]) & (self.max_moves > 0) & (hot_positions.shape[1] > 0)
+        chose_cold = np.array([len(positions) > 0 for positions in cold_positions])
+        return chose_cold & (self.max_moves > 0) & (hot_positions.shape[1] > 0)
 
     def plan(self, table: HitTable, seq: int, cold_positions: np.ndarray, cold_scores: np.ndarray,
              hot_positions: np.ndarray, hot_scores: np.ndarray) -> Swaps:

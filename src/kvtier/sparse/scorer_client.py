@@ -129,14 +129,15 @@ class ScorerClient:
         request = self._answer()
         return self.channel.results["score"][request.area, :, : request.cold_tokens].copy()
 
-    def candidates(self) -> list[tuple[np.ndarray, np.ndarray, int]]:
-        """The oldest request's answer (a candidates request), per sequence: its candidates' slots (ascending), their
-        verified K|V records (uint8 [n, record_bytes]) and the bytes read for them; blocks until they are in. Views of
-        the shared segment, valid until AREAS requests after it."""
+    def candidates(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        """The oldest request's answer (a candidates request): per sequence its candidates' slots (ascending); their
+        verified K|V records, uint8 [batch, width, record_bytes], sequence s's the first len(slots[s]); the bytes read
+        per sequence. Blocks until they are in. Views of the shared segment, valid until AREAS requests after it."""
         request = self._answer()
         area, channel = request.area, self.channel
-        return [(channel.found_slots[area, seq, :count], channel.found_records[area, seq, :count],
-                 int(channel.found_bytes[area, seq])) for seq, count in enumerate(channel.counts[area].tolist())]
+        counts = channel.counts[area].tolist()
+        slots = [channel.found_slots[area, seq, :count] for seq, count in enumerate(counts)]
+        return slots, channel.found_records[area, :, : max(counts)], channel.found_bytes[area].copy()
 
     def _answer(self) -> Request:
         """Wait for the oldest request's answer; do what the scorer did not, on the host."""

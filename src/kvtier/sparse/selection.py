@@ -5,18 +5,20 @@ query head (hot_pool.py): they rank the hot tokens *and* are those tokens'
 attention logits. So the hot part of the selection needs no keys at all: the
 chosen tokens' logits are picked out of the scores. On the CPU their values
 are then read where they lie in the pool, once, by the weighted sum itself
-(`hot_in_place`, chosen_values.c): copying them out first, then multiplying,
-wrote and read them again, and attending over the whole pool with the
-unchosen masked out reads every hot value (docs/decisions.md). Elsewhere
-(CUDA: the hot pool stays in host DRAM) the chosen values are copied out
-(`hot_chosen`) and sent to the compute device.
+(`chosen_in_place`, chosen_values.c): copying them out first, then
+multiplying, wrote and read them again, and attending over the whole pool
+with the unchosen masked out reads every hot value (docs/decisions.md).
+Elsewhere (CUDA: the hot pool stays in host DRAM) the chosen values are copied
+out (`chosen_copied`) and sent to the compute device.
 Cold tokens are chosen the same way: the key sketches only draw up a shortlist
 (`shortlist`, or the lookahead's candidates), `margin` x the cold tokens they
 would have chosen, whose full-precision K/V are read and get their logits from
-one small product with the query (`cold_fetched`); the top-alpha then ranks hot
-pool and shortlist by exact q.k. So the sketches' precision narrows the choice
-but never makes it: an INT4 sketch loses no recall against INT8 once the
-shortlist is re-ranked (docs/decisions.md).
+one small product with the query over the records where the reads landed
+(`candidate_scores`); the top-alpha then ranks hot pool and shortlist by exact
+q.k, and the chosen candidates' values are weighed where they lie too. So the
+sketches' precision narrows the choice but never makes it: an INT4 sketch
+loses no recall against INT8 once the shortlist is re-ranked
+(docs/decisions.md).
 
 Attention is exact over sink + recent window (device) + the chosen tokens:
 softmax(scaling * [q.K_window | q.K_chosen]) @ [V_window | V_chosen], in float32.
@@ -35,6 +37,7 @@ import torch
 
 from kvtier.kv.gather import select_columns
 from kvtier.sparse import _chosen_values
+from kvtier.sparse.hot_pool import importance
 from kvtier.sparse.top_share import top_share
 
 MIN_CANDIDATES = 16  # the fewest cold tokens a sequence's shortlist holds (where the pool has them)
@@ -121,15 +124,16 @@ class Segment:
 
 @dataclass
 class PooledSegment(Segment):
-    """The chosen hot tokens attended where they lie: `values` is the whole pool [B, Hkv, slots, D], `slots` [B, n]
-    each sequence's chosen slots (padded), `counts` [B] how many are its own."""
+    """Chosen tokens attended where they lie: `values` [B, Hkv, slots, D] is their whole source (the hot pool, or the
+    candidates' records), at any strides but the last, `slots` [B, n] each sequence's chosen slots (padded), `counts`
+    [B] how many are its own."""
 
     slots: np.ndarray
     counts: np.ndarray
 
     def to(self, device: torch.device) -> Segment:
         if device.type != "cpu":
-            raise ValueError(f"the hot pool's values lie in host memory: attend them there, not on {device}")
+            raise ValueError(f"the chosen values lie in host memory: attend them there, not on {device}")
         return self
 
     def weighted(self, weights: torch.Tensor, start: int) -> torch.Tensor:
@@ -137,83 +141,82 @@ class PooledSegment(Segment):
         batch, heads, group, stride = weights.shape
         out = torch.empty(batch, heads, group, self.values.shape[3])
         bf16 = self.values.dtype == torch.bfloat16
-        _chosen_values.weighted((self.values.view(torch.int16) if bf16 else self.values).numpy(), self.slots,
-                                self.counts, weights.numpy(), out.numpy(), 2 if bf16 else 4, batch, heads, group,
-                                self.values.shape[2], self.width, stride, start, self.values.shape[3])
+        elements = self.values.untyped_storage().nbytes() // self.values.element_size()
+        storage = self.values.as_strided((elements,), (1,), 0)  # the rows' whole buffer; the strides locate them
+        _chosen_values.weighted((storage.view(torch.int16) if bf16 else storage).numpy(), self.values.storage_offset(),
+                                *self.values.stride()[:3], self.slots, self.counts, weights.numpy(), out.numpy(),
+                                2 if bf16 else 4, batch, heads, group, self.values.shape[2], self.width, stride, start,
+                                self.values.shape[3])
         return out
 
 
 def weighs_in_place(values: torch.Tensor, group: int) -> bool:
-    """Whether the compiled weighted sum (chosen_values.c) takes a host pool's chosen values [B, Hkv, slots, D] for
-    `group` query heads per KV head: float32 or bfloat16, head_dim a multiple of 8, a CPU with AVX2 and FMA."""
-    return (_chosen_values.vectorized and values.device.type == "cpu" and values.is_contiguous()
+    """Whether the compiled weighted sum (chosen_values.c) takes chosen values from `values` [B, Hkv, slots, D] for
+    `group` query heads per KV head: in host memory, each row contiguous, float32 or bfloat16, head_dim a multiple of
+    8, a CPU with AVX2 and FMA."""
+    return (_chosen_values.vectorized and values.device.type == "cpu" and values.stride(3) == 1
             and values.dtype in (torch.float32, torch.bfloat16) and values.shape[3] % 8 == 0
             and group * values.shape[3] <= _chosen_values.max_accumulators)
 
 
-def _chosen_hot(hot_dots: torch.Tensor, hot_positions: np.ndarray,
-                picks: Picks) -> tuple[np.ndarray, torch.Tensor, np.ndarray]:
-    """Each sequence's chosen hot slots [B, n] (padded with slot 0), their logits picked out of the scores (the
-    padding's -inf) and their positions."""
-    width = max(len(slots) for slots in picks.hot)
-    index = np.zeros((len(picks.hot), width), dtype=np.int64)
-    for seq, slots in enumerate(picks.hot):
+def _chosen_columns(dots: torch.Tensor, positions: np.ndarray,
+                    chosen: list[np.ndarray]) -> tuple[np.ndarray, torch.Tensor, np.ndarray]:
+    """Each sequence's `chosen` slots [B, n] (padded with slot 0), their logits picked out of `dots` [B, Hkv, G, slots]
+    (the padding's -inf) and their positions (out of `positions` [B, slots])."""
+    width = max(len(slots) for slots in chosen)
+    index = np.zeros((len(chosen), width), dtype=np.int64)
+    for seq, slots in enumerate(chosen):
         index[seq, : len(slots)] = slots
     rows = torch.from_numpy(index)
-    logits = hot_dots.gather(3, rows[:, None, None, :].expand(-1, *hot_dots.shape[1:3], -1))
-    for seq, slots in enumerate(picks.hot):
+    logits = dots.gather(3, rows[:, None, None, :].expand(-1, *dots.shape[1:3], -1))
+    for seq, slots in enumerate(chosen):
         if len(slots) < width:  # the padding
             logits[seq, :, :, len(slots) :] = float("-inf")
-    return index, logits, np.take_along_axis(hot_positions, index, axis=1)
+    flat = index + np.arange(len(index))[:, None] * positions.shape[1]  # take_along_axis took 5x as long
+    return index, logits, np.ascontiguousarray(positions).reshape(-1).take(flat)
 
 
-def hot_chosen(hot_dots: torch.Tensor, hot_values: torch.Tensor, hot_positions: np.ndarray, picks: Picks) -> Segment:
-    """The chosen hot tokens: their logits picked out of the scores, their values copied out of the pool (each
-    sequence padded to the most chosen, the padding's logits -inf)."""
-    index, logits, positions = _chosen_hot(hot_dots, hot_positions, picks)
+def chosen_copied(dots: torch.Tensor, values: torch.Tensor, positions: np.ndarray, chosen: list[np.ndarray]) -> Segment:
+    """The `chosen` slots of a source (logits `dots` [B, Hkv, G, slots], `values` [B, Hkv, slots, D], `positions`
+    [B, slots]): their logits picked out, their values copied out (each sequence padded to the most chosen, the
+    padding's logits -inf)."""
+    index, logits, chosen_positions = _chosen_columns(dots, positions, chosen)
     rows = torch.from_numpy(index)
-    values = hot_values.new_empty(len(rows), hot_values.shape[1], rows.shape[1], hot_values.shape[3])
+    out = values.new_empty(len(rows), values.shape[1], rows.shape[1], values.shape[3])
     for seq in range(len(rows)):  # index_select per sequence: a batched gather of the rows was ~18x slower on the CPU
-        torch.index_select(hot_values[seq], 1, rows[seq], out=values[seq])
-    return Segment(logits, values, positions)
+        torch.index_select(values[seq], 1, rows[seq], out=out[seq])
+    return Segment(logits, out, chosen_positions)
 
 
-def hot_in_place(hot_dots: torch.Tensor, hot_values: torch.Tensor, hot_positions: np.ndarray,
-                 picks: Picks) -> PooledSegment:
-    """The chosen hot tokens as `hot_chosen` gives them, but their values left in the pool (`weighs_in_place` must
-    hold): the weighted sum reads them there."""
-    index, logits, positions = _chosen_hot(hot_dots, hot_positions, picks)
-    counts = np.array([len(slots) for slots in picks.hot], dtype=np.int64)
-    return PooledSegment(logits, hot_values, positions, index, counts)
+def chosen_in_place(dots: torch.Tensor, values: torch.Tensor, positions: np.ndarray,
+                    chosen: list[np.ndarray]) -> PooledSegment:
+    """The `chosen` slots as `chosen_copied` gives them, but their values left where they lie (`weighs_in_place`
+    must hold): the weighted sum reads them there."""
+    index, logits, chosen_positions = _chosen_columns(dots, positions, chosen)
+    counts = np.array([len(slots) for slots in chosen], dtype=np.int64)
+    return PooledSegment(logits, values, chosen_positions, index, counts)
 
 
-def cold_fetched(query: torch.Tensor, fetched: list[tuple[torch.Tensor, torch.Tensor]],
-                 positions: list[np.ndarray]) -> Segment:
-    """The fetched cold tokens, padded to the longest sequence's count, with logits from the query [B, Hkv, G, D]."""
-    counts = [keys.shape[1] for keys, _ in fetched]
-    if len(set(counts)) == 1:  # nothing to pad (always so for one sequence, whose K/V are viewed, not copied)
-        if len(fetched) == 1:
-            keys, values = fetched[0][0][None], fetched[0][1][None]
-        else:
-            keys, values = torch.stack([keys for keys, _ in fetched]), torch.stack([values for _, values in fetched])
-        return Segment(torch.matmul(query, keys.float().transpose(2, 3)), values, np.stack(positions))
-    # each sequence's K/V copied into one contiguous [B, Hkv, n, D] pair: torch's products over the padded tokens-first
-    # tensors (pad_sequence's, then transposed) copied them again, slower, inside the product (docs/decisions.md)
-    width, (first_keys, first_values) = max(counts), fetched[0]
-    keys = first_keys.new_empty(len(fetched), first_keys.shape[0], width, first_keys.shape[2])
-    values = first_values.new_empty(keys.shape)
-    padded = np.zeros((len(fetched), width), dtype=np.int64)
-    for seq, ((seq_keys, seq_values), seq_positions) in enumerate(zip(fetched, positions)):
-        count = seq_keys.shape[1]
-        keys[seq, :, :count] = seq_keys
-        values[seq, :, :count] = seq_values
-        keys[seq, :, count:] = 0  # the padding: its logits are set to -inf below, its values weighted by zero
-        values[seq, :, count:] = 0
-        padded[seq, :count] = seq_positions
-    padding = np.arange(width) >= np.array(counts)[:, None]
-    logits = torch.matmul(query, keys.float().transpose(2, 3)).masked_fill(torch.from_numpy(padding)[:, None, None, :],
-                                                                           float("-inf"))
-    return Segment(logits, values, padded)
+def candidates_in_place(logits: torch.Tensor, values: torch.Tensor, positions: np.ndarray,
+                        counts: np.ndarray) -> PooledSegment:
+    """The cold candidates as a segment whose values are read where the reads landed (`weighs_in_place` must hold):
+    `logits` [B, Hkv, G, width] (-inf where not chosen), `values` [B, Hkv, width, D], sequence s's own the first
+    counts[s]. The sum reads every own row, weighted 0 if not chosen: they are few (about twice the chosen), and
+    picking the chosen out first cost more at batch 1 than it saved."""
+    slots = np.tile(np.arange(values.shape[2], dtype=np.int64), (len(counts), 1))
+    return PooledSegment(logits, values, positions, slots, counts)
+
+
+def candidate_scores(query: torch.Tensor, keys: torch.Tensor, counts: np.ndarray,
+                     aggregation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cold candidates' exact q.k [B, Hkv, G, width] for the query [B, Hkv, G, D] over their keys [B, Hkv, width,
+    D] (sequence s's own the first counts[s]; the rest padding, whatever it holds), and their importance [B, width],
+    the padding's -inf: never among the top."""
+    # the keys copied out of the records first: torch's product over their strides took twice as long at batch 8;
+    # numpy's product, faster still, runs OpenBLAS threads that take the scorer's core (docs/decisions.md)
+    dots = torch.matmul(query, keys.float().contiguous().transpose(2, 3))
+    padding = torch.from_numpy(np.arange(keys.shape[2]) >= counts[:, None])
+    return dots, importance(dots, aggregation).masked_fill_(padding, float("-inf"))
 
 
 def window_segment(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: np.ndarray) -> Segment:
