@@ -13,8 +13,13 @@ setup(ext_modules=[
     Extension("kvtier.sparse._hot_dots", ["src/kvtier/sparse/hot_dots.c"], depends=[AVX2_MODULE]),
     # the chosen hot values' weighted sum read in place: copying them out first cost more than the product (sparse/selection.py)
     Extension("kvtier.sparse._chosen_values", ["src/kvtier/sparse/chosen_values.c"], depends=[AVX2_MODULE]),
+    # the cold candidates' q.k and importance read where their records landed: four torch ops cost more (sparse/selection.py)
+    Extension("kvtier.sparse._candidate_dots", ["src/kvtier/sparse/candidate_dots.c"], depends=[AVX2_MODULE]),
     # each row's top scores as ascending indices: numpy's argpartition plus a sort cost more (sparse/top_share.py)
     Extension("kvtier.sparse._top_share", ["src/kvtier/sparse/top_share.c"]),
+    # the hit table's step and the migration check's idle scan: numpy's passes over every chosen and hot token cost
+    # more per layer than the top-alpha's selection (sparse/hit_table.py)
+    Extension("kvtier.sparse._hit_table", ["src/kvtier/sparse/hit_table.c"]),
     # the lookahead's predicted query in one call: five torch ops cost more than the product (sparse/lookahead.py)
     Extension("kvtier.sparse._summed_query", ["src/kvtier/sparse/summed_query.c"], depends=[AVX2_MODULE]),
 ])

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from kvtier.sparse.hit_table import OLDEST, HitTable
 
@@ -56,3 +57,29 @@ def test_restore_sets_hits_and_idle_of_the_first_positions():
     table.restore(np.array([3, 0, 7]), np.array([0, 4, 250]))
     assert table.hits[0, :3].tolist() == [3, 0, 7]
     assert table.idle(0, np.arange(3)).tolist() == [0, 4, OLDEST]  # clamped: the count must not wrap later
+
+
+def test_any_idle_equals_the_idle_counts_of_a_pools_used_slots():
+    """Positions as a pool keeps them (its used columns of a wider array); stamps that wrapped past 255 steps."""
+    rng = np.random.default_rng(0)
+    table = HitTable(batch=3, capacity=400, decay_every=10_000)
+    pool = np.stack([rng.permutation(400) for _ in range(3)])
+    for step in range(300):
+        table.record(np.stack([rng.choice(400, 40, replace=False) for _ in range(3)]) if step % 7 else pool[:, :350])
+    used = pool[:, :300]
+    for steps in (1, 5, 16, 40, 255):
+        expected = (table.idle_rows(used) >= steps).any(axis=1)
+        assert table.any_idle(used, steps).tolist() == expected.tolist()
+    assert table.any_idle(pool[:, :0], 1).tolist() == [False] * 3
+
+
+def test_positions_outside_the_table_are_refused_and_nothing_is_written():
+    table = HitTable(batch=2, capacity=10)
+    before = table.hits.copy(), table.stamp.copy(), table.steps
+    for positions in (np.array([[1, 2], [3, 10]]), np.array([[1, -1], [3, 4]])):
+        with pytest.raises(ValueError, match="outside the table"):
+            table.record(positions)
+        with pytest.raises(ValueError, match="outside the table"):
+            table.any_idle(positions, 1)
+    assert np.array_equal(table.hits, before[0]) and np.array_equal(table.stamp, before[1])
+    assert table.steps == before[2]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.sparse import _chosen_values
+from kvtier.sparse import _candidate_dots, _chosen_values, selection
 from kvtier.sparse.hot_pool import importance
 from kvtier.sparse.selection import (MIN_CANDIDATES, Picks, Segment, candidate_counts, candidate_scores,
                                      candidates_in_place, chosen_copied, chosen_in_place, exact_attention, shortlist,
@@ -52,12 +52,16 @@ def test_a_boolean_mask_drops_its_tokens_exactly():
 def test_picks_take_the_top_alpha_share_and_split_hot_from_cold():
     hot = torch.tensor([[5.0, 1.0, 9.0, 0.0], [0.0, 0.0, 0.0, 8.0]])
     cold = torch.tensor([[7.0, 2.0, 3.0], [6.0, 9.0, 1.0]])
-    positions = np.array([[10, 11, 12, 13, 50, 51, 52], [20, 21, 22, 23, 60, 61, 62]])
-    picks = Picks.top(hot, cold, positions, alpha=3 / 7)
-    assert [list(p) for p in picks.hot] == [[0, 2], [3]]
-    assert [list(p) for p in picks.cold] == [[0], [0, 1]]
-    assert picks.positions.tolist() == [[10, 12, 50], [23, 60, 61]]  # each row's hot tokens first
+    hot_positions = np.array([[10, 11, 12, 13, 0, 0], [20, 21, 22, 23, 0, 0]])[:, :4]  # a pool's used slots
+    cold_positions = np.array([[50, 51, 52], [60, 61, 62]])
+    picks = Picks.top(hot, cold, hot_positions, cold_positions, alpha=3 / 7)
+    assert picks.chosen.tolist() == [[0, 2, 4], [3, 4, 5]]  # each row's hot tokens first
+    assert picks.hot_counts.tolist() == [2, 1] and picks.cold_counts.tolist() == [1, 2]
+    assert picks.hot_slots().tolist() == [[0, 2], [3, 0]]  # padded with slot 0
+    assert [picks.cold_rows(seq).tolist() for seq in range(2)] == [[0], [0, 1]]
+    assert picks.positions.tolist() == [[10, 12, 50], [23, 60, 61]]
     assert [list(p) for p in picks.cold_positions] == [[50], [60, 61]]
+    assert picks.cold_chosen.tolist() == [[True, False, False], [True, True, False]]
     assert picks.hot_count + picks.cold_count == 2 * math.ceil(3 / 7 * 7)
 
 
@@ -87,16 +91,24 @@ def _candidate_records(gen, own, stale):
     return records[:, :, 0].transpose(1, 2), records[:, :, 1].transpose(1, 2)
 
 
-def test_the_candidates_padding_is_never_among_the_top():
+@pytest.mark.parametrize("compiled", [
+    False,
+    pytest.param(True, marks=pytest.mark.skipif(not _candidate_dots.vectorized, reason="needs AVX2 and FMA")),
+])
+def test_the_candidates_padding_is_never_among_the_top_and_weighs_nothing(compiled, monkeypatch):
+    """Torch's ops (where the kernel does not run) and the compiled pass agree."""
+    if not compiled:
+        monkeypatch.setattr(selection, "compiled_rows", lambda rows: False)
     gen = torch.Generator().manual_seed(0)
     grouped = torch.randn(B, HKV, G, D, generator=gen)
     keys, _ = _candidate_records(gen, own=6, stale=3)
     counts = np.array([6, 4])
     dots, scores = candidate_scores(grouped, keys, counts, "sum")
-    torch.testing.assert_close(dots, torch.matmul(grouped, keys.transpose(2, 3)))
-    torch.testing.assert_close(scores[0, :6], importance(dots, "sum")[0, :6])
-    torch.testing.assert_close(scores[1, :4], importance(dots, "sum")[1, :4])
-    assert torch.isneginf(scores[0, 6:]).all() and torch.isneginf(scores[1, 4:]).all()
+    expected = torch.matmul(grouped, keys.transpose(2, 3))
+    for seq, count in enumerate(counts):
+        torch.testing.assert_close(dots[seq, ..., :count], expected[seq, ..., :count])
+        torch.testing.assert_close(scores[seq, :count], importance(expected, "sum")[seq, :count])
+        assert torch.isneginf(dots[seq, ..., count:]).all() and torch.isneginf(scores[seq, count:]).all()
 
 
 @pytest.mark.parametrize("seed, hot_picks, cold_picks", [(2, [[1, 4, 7, 19], [0, 2]], [[3], [0, 5, 8]]),
@@ -121,8 +133,9 @@ def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed
     hot_picks = [np.array(slots, dtype=np.int64) for slots in hot_picks]
     cold_picks = [np.array(slots, dtype=np.int64) for slots in cold_picks]
     hot_dots = torch.matmul(grouped, hot_keys.transpose(2, 3))
-    hot_positions = np.arange(100, 120)[None].repeat(B, 0)
-    hot = (chosen_in_place if in_place else chosen_copied)(hot_dots, hot_values, hot_positions, hot_picks)
+    hot_slots, hot_counts = _padded(hot_picks)
+    hot = (chosen_in_place if in_place else chosen_copied)(hot_dots, hot_values, hot_slots, hot_counts,
+                                                           100 + hot_slots)
     counts = np.array([9, 9])
     cold_dots, _ = candidate_scores(grouped, cold_keys, counts, "sum")
     unchosen = torch.ones(B, 11, dtype=torch.bool)
@@ -142,9 +155,17 @@ def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed
         torch.testing.assert_close(output[seq : seq + 1], expected)
 
 
+def _padded(chosen):
+    """Per-sequence slot lists as the selection passes them: [B, most chosen] (padded with slot 0) and the counts."""
+    slots = np.zeros((len(chosen), max(len(row) for row in chosen)), dtype=np.int64)
+    for seq, row in enumerate(chosen):
+        slots[seq, : len(row)] = row
+    return slots, np.array([len(row) for row in chosen], dtype=np.int64)
+
+
 def test_a_segment_left_in_the_pool_stays_on_the_host():
-    segment = chosen_in_place(torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 4, 8), np.arange(4)[None].repeat(2, 0),
-                              [np.array([1]), np.array([0, 2])])
+    slots, counts = _padded([np.array([1]), np.array([0, 2])])
+    segment = chosen_in_place(torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 4, 8), slots, counts, slots)
     assert segment.to(torch.device("cpu")) is segment
     with pytest.raises(ValueError, match="host memory"):
         segment.to(torch.device("meta"))

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvtier.sparse import _hit_table
+from kvtier.sparse.strided_rows import strided_rows
+
 SATURATED = 255
 RESTAMP_EVERY = 64
 OLDEST = SATURATED - RESTAMP_EVERY  # idle counts above this one are clamped to it at the next restamp
@@ -43,6 +46,15 @@ class HitTable:
     def idle(self, rows: int | np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Steps since the tokens at [rows, positions] were last selected or seeded (uint8)."""
         return self._since(self.stamp[rows, positions])
+
+    def any_idle(self, positions: np.ndarray, steps: int) -> np.ndarray:
+        """Per row of positions [batch, n], whether one of its tokens has been idle `steps` (1-255) steps or more:
+        a scan that stops at the first (hit_table.c)."""
+        flat, stride = strided_rows(positions)
+        idle = np.empty(len(positions), dtype=np.uint8)
+        _hit_table.any_idle(self.stamp, flat, idle, *self.stamp.shape, positions.shape[1], stride, self.steps % 256,
+                            steps)
+        return idle.view(bool)
 
     def idle_rows(self, positions: np.ndarray) -> np.ndarray:
         """`idle` of positions [batch, n], one row per sequence."""
@@ -72,12 +84,11 @@ class HitTable:
         self.stamp[0, :count] = (self.steps - np.minimum(idle, OLDEST).astype(np.int64)) % 256
 
     def record(self, selected: np.ndarray) -> None:
-        """One decode step: the tokens at `selected` [batch, k] positions were chosen."""
+        """One decode step: the tokens at `selected` [batch, k] positions (distinct within a row) were chosen."""
+        positions, stride = strided_rows(selected)
+        _hit_table.record(self.hits, self.stamp, positions, *self.hits.shape, selected.shape[1], stride,
+                          (self.steps + 1) % 256)
         self.steps += 1
-        flat = self._flat(selected).ravel()
-        hits = self.hits.reshape(-1)
-        hits[flat] = np.minimum(hits[flat], SATURATED - 1) + 1
-        self.stamp.reshape(-1)[flat] = self.steps % 256
         if self.steps % self.decay_every == 0:
             self.hits >>= 1
         if self.steps % RESTAMP_EVERY == 0:

@@ -230,9 +230,9 @@ class SparseLayer(WindowedLayer):
             clock.lap("submit")
             candidates = wait_cold()
             clock.lap("cold reads")
-        picks, rows, chosen_scores, cold_segment = self._pick_among(candidates, grouped, hot_scores, cold_count)
+        picks, cold_scores, cold_segment = self._pick_among(candidates, grouped, hot_scores, cold_count)
         clock.lap("choice")
-        swaps = self._plan_swaps(picks, hot_scores.numpy(), chosen_scores)
+        swaps = self._plan_swaps(picks, hot_scores.numpy(), cold_scores.numpy())
         clock.lap("plan")
         hot = self._hot_segment(hot_dots, picks)
         clock.lap("hot segment")
@@ -244,8 +244,8 @@ class SparseLayer(WindowedLayer):
         runtime.promotion_price.observe_fetch(fetch, picks.cold_count)
         if runtime.on_attend is not None:
             self._report_attended(picks.positions)
-        self._apply_swaps(swaps, picks, candidates, rows)
-        self.cold_picked = np.array([len(slots) for slots in picks.cold])
+        self._apply_swaps(swaps, picks, candidates)
+        self.cold_picked = picks.cold_counts
         self.retire()
         clock.lap("after")
         if step is not None:
@@ -303,40 +303,33 @@ class SparseLayer(WindowedLayer):
         return max(0, math.ceil(self.runtime.settings.alpha * (self.hot.used + cold_tokens)) - self.hot.used)
 
     def _pick_among(self, candidates: Fetched, grouped: torch.Tensor, hot_scores: torch.Tensor,
-                    cold_count: int) -> tuple[Picks, list[np.ndarray], list[np.ndarray], Segment]:
+                    cold_count: int) -> tuple[Picks, torch.Tensor, Segment]:
         """The top-alpha of hot pool + the cold candidates read (prefetched or the shortlist's), scored with this
-        layer's query on their full-precision keys. Returns the picks (cold ones as pool slots), per sequence the
-        chosen candidates' rows in `candidates` and their scores, and the candidates as a segment (the unchosen
-        masked). Their K/V are not copied out on the CPU: the weighted sum reads the values where the reads landed,
-        and only a promotion copies (`_apply_swaps`)."""
+        layer's query on their full-precision keys. Returns the picks (the cold ones as rows of `candidates`), the
+        candidates' scores [B, width], and the candidates as a segment (the unchosen masked). Their K/V are not copied
+        out on the CPU: the weighted sum reads the values where the reads landed, and only a promotion copies
+        (`_apply_swaps`)."""
         counts = candidates.counts
         positions = np.zeros((len(counts), candidates.keys.shape[2]), dtype=np.int64)
         for seq, slots in enumerate(candidates.slots):
             positions[seq, : len(slots)] = self.runtime.cold.positions[self.tier][seq][slots]
         dots, scores = candidate_scores(grouped, candidates.keys, counts, self.runtime.settings.aggregation)
-        among = Picks.top(hot_scores, scores, self._scored_positions(positions), self.runtime.settings.alpha,
-                          pooled=hot_scores.shape[1] + cold_count)
-        chosen = np.zeros(scores.shape, dtype=bool)
-        for seq, rows in enumerate(among.cold):
-            chosen[seq, rows] = True
-        dots.masked_fill_(torch.from_numpy(~chosen)[:, None, None, :], float("-inf"))
+        picks = Picks.top(hot_scores, scores, self.hot.positions[:, : self.hot.used], positions,
+                          self.runtime.settings.alpha, pooled=hot_scores.shape[1] + cold_count)
+        dots.masked_fill_(torch.from_numpy(~picks.cold_chosen)[:, None, None, :], float("-inf"))
         if self.device.type == "cpu" and weighs_in_place(candidates.values, dots.shape[2]):
             segment = candidates_in_place(dots, candidates.values, positions, counts)
         else:
             segment = Segment(dots, candidates.values, positions).to(self.device)
-        picks = Picks(among.hot, [row[rows] for row, rows in zip(candidates.slots, among.cold)], among.positions)
-        return picks, among.cold, [row[rows] for row, rows in zip(scores.numpy(), among.cold)], segment
-
-    def _scored_positions(self, cold: np.ndarray) -> np.ndarray:
-        """Positions [B, hot + n] of the hot pool's tokens, then of the scored cold tokens `cold` [B, n]."""
-        return np.concatenate([self.hot.positions[:, : self.hot.used], cold], axis=1)
+        return picks, scores, segment
 
     def _hot_segment(self, hot_dots: torch.Tensor, picks: Picks) -> Segment:
         """The chosen hot tokens: attended where they lie when the host computes, else copied to the device."""
-        values, positions = self.hot.values, self.hot.positions[:, : self.hot.used]
-        if self.device.type == "cpu" and weighs_in_place(values, hot_dots.shape[2]):
-            return chosen_in_place(hot_dots, values, positions, picks.hot)
-        return chosen_copied(hot_dots, values, positions, picks.hot).to(self.device)
+        slots = picks.hot_slots()
+        positions = picks.positions[:, : slots.shape[1]]  # past a row's own: the padding's, masked
+        if self.device.type == "cpu" and weighs_in_place(self.hot.values, hot_dots.shape[2]):
+            return chosen_in_place(hot_dots, self.hot.values, slots, picks.hot_counts, positions)
+        return chosen_copied(hot_dots, self.hot.values, slots, picks.hot_counts, positions).to(self.device)
 
     def _report_attended(self, chosen: np.ndarray) -> None:
         """Tell the evaluation watcher the positions attended: sink, chosen, recent (with the new token)."""
@@ -344,34 +337,35 @@ class SparseLayer(WindowedLayer):
         sink = self.sink_tokens
         self.runtime.on_attend(self.layer_idx, np.concatenate([window[:, :sink], chosen, window[:, sink:]], axis=1))
 
-    def _plan_swaps(self, picks: Picks, hot_scores: np.ndarray, cold_scores: list[np.ndarray]) -> list[Swaps]:
+    def _plan_swaps(self, picks: Picks, hot_scores: np.ndarray, cold_scores: np.ndarray) -> list[Swaps]:
         """Record the step in the hit table; the policy's swaps per sequence (bounded; most steps none).
-        `cold_scores`: per sequence, the scores of its chosen cold tokens."""
+        `cold_scores` [B, scored cold tokens]: the scores the picks chose among."""
         self.table.record(picks.positions)
         policy = self.runtime.policy
         if policy is None:
-            return [NO_SWAPS] * len(picks.cold)
+            return [NO_SWAPS] * len(picks.positions)
         hot_positions = self.hot.positions[:, : self.hot.used]
         cold_positions = picks.cold_positions
         planning = policy.may_promote(self.table, cold_positions, hot_positions)
-        return [policy.plan(self.table, seq, positions, cold_scores[seq], hot_positions[seq],
+        return [policy.plan(self.table, seq, positions, cold_scores[seq][picks.cold_rows(seq)], hot_positions[seq],
                             hot_scores[seq]) if planning[seq] else NO_SWAPS
                 for seq, positions in enumerate(cold_positions)]
 
-    def _apply_swaps(self, plans: list[Swaps], picks: Picks, candidates: Fetched, rows: list[np.ndarray]) -> None:
-        """Promote the planned cold tokens (their K/V just fetched, in `candidates`; each sequence's chosen ones at
-        `rows`) into the victims' hot slots, and back."""
+    def _apply_swaps(self, plans: list[Swaps], picks: Picks, candidates: Fetched) -> None:
+        """Promote the planned cold tokens (their K/V just fetched, in `candidates`) into the victims' hot slots, and
+        back."""
         cold_pool = self.runtime.cold
         for seq, (swaps, cold_positions) in enumerate(zip(plans, picks.cold_positions)):
             if not len(swaps):
                 continue
-            cold_slots = picks.cold[seq]
+            rows = picks.cold_rows(seq)
+            cold_slots = candidates.slots[seq][rows]
             hot_positions = self.hot.positions[seq, : self.hot.used]
             cold_keys, cold_values = candidates.of(seq)
             victim_keys = self.hot.keys_of(seq, swaps.victims)
             victim_values = self.hot.values[seq][:, torch.from_numpy(swaps.victims)]
             victim_positions = hot_positions[swaps.victims].copy()
-            promoted = torch.from_numpy(rows[seq][swaps.promote])
+            promoted = torch.from_numpy(rows[swaps.promote])
             cold_pool.replace_later(self.tier, seq, cold_slots[swaps.promote], victim_keys, victim_values,
                                     victim_positions, self._swap_timer(len(swaps)))
             self.hot.replace(seq, swaps.victims, cold_keys[:, promoted], cold_values[:, promoted],

@@ -63,7 +63,7 @@ class HitPolicy:
         needed = self._needed_hits()
         possible = np.array([(hits[positions] >= needed).any() for hits, positions in zip(table.hits, cold_positions)])
         if possible.any():
-            possible &= (table.idle_rows(hot_positions) >= self.idle_steps).any(axis=1)
+            possible &= table.any_idle(hot_positions, self.idle_steps)
         return possible
 
     def plan(self, table: HitTable, seq: int, cold_positions: np.ndarray, cold_scores: np.ndarray,

@@ -31,55 +31,73 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
 
 from kvtier.kv.gather import select_columns
-from kvtier.sparse import _chosen_values
+from kvtier.sparse import _candidate_dots, _chosen_values
 from kvtier.sparse.hot_pool import importance
-from kvtier.sparse.top_share import top_share
+from kvtier.sparse.top_share import split, top_share
 
 MIN_CANDIDATES = 16  # the fewest cold tokens a sequence's shortlist holds (where the pool has them)
 
 
 @dataclass
 class Picks:
-    """Per sequence, the chosen hot slots and cold slots (each ascending), and the chosen tokens' positions [B, k],
-    each row its hot ones first; k = hot + cold for every sequence."""
+    """The top-alpha's choice: per sequence (row), the indices [B, k] of its chosen tokens, ascending, among its hot
+    pool's `hot_used` tokens followed by its scored cold tokens, so each row's hot ones come first (`hot_counts` [B] of
+    them), and those hot slots again, padded with slot 0 [B, k]; the chosen tokens' positions [B, k]; and which of the
+    scored cold tokens were chosen, `cold_chosen` [B, Nc]. Kept in these arrays, not split into a list per sequence:
+    most steps need no sequence's own."""
 
-    hot: list[np.ndarray]
-    cold: list[np.ndarray]
+    chosen: np.ndarray
+    hot_counts: np.ndarray
+    hot_used: int
+    padded_hot: np.ndarray
     positions: np.ndarray
+    cold_chosen: np.ndarray
 
     @classmethod
-    def top(cls, hot_scores: torch.Tensor, cold_scores: torch.Tensor, positions: np.ndarray, alpha: float,
-            pooled: int | None = None) -> Picks:
-        """The top-alpha share of the pooled tokens by score (hot [B, Nh], cold [B, Nc]; `positions` [B, Nh + Nc] the
-        scored tokens'); `pooled`: the pool's size when the cold scores cover only some of its cold tokens (the
-        lookahead's candidates)."""
-        scores = np.concatenate([hot_scores.numpy(), cold_scores.numpy()], axis=1)
-        pooled = scores.shape[1] if pooled is None else pooled
-        chosen = top_share(scores, min(math.ceil(alpha * pooled), scores.shape[1]))
-        hot_used = hot_scores.shape[1]
-        splits = (chosen < hot_used).sum(axis=1).tolist()  # ascending rows: the hot slots come first
-        flat = chosen + np.arange(len(chosen))[:, None] * positions.shape[1]  # take_along_axis took 3x as long
-        return cls([row[:split] for row, split in zip(chosen, splits)],
-                   [row[split:] - hot_used for row, split in zip(chosen, splits)],
-                   np.ascontiguousarray(positions).reshape(-1).take(flat))
-
-    @property
-    def cold_positions(self) -> list[np.ndarray]:
-        """Per sequence, the positions of the chosen cold tokens: the tail of its row."""
-        return [row[len(hot) :] for row, hot in zip(self.positions, self.hot)]
+    def top(cls, hot_scores: torch.Tensor, cold_scores: torch.Tensor, hot_positions: np.ndarray,
+            cold_positions: np.ndarray, alpha: float, pooled: int | None = None) -> Picks:
+        """The top-alpha share of the pooled tokens by score (hot [B, Nh], cold [B, Nc]; `hot_positions` [B, Nh] and
+        `cold_positions` [B, Nc] the scored tokens'); `pooled`: the pool's size when the cold scores cover only some
+        of its cold tokens (the lookahead's candidates). Ranked and split in two compiled calls (top_share.c): joining
+        the scores and the positions first, and splitting in numpy, cost as much as the selection (docs/decisions.md)."""
+        hot, cold = hot_scores.numpy(), cold_scores.numpy()
+        scored = hot.shape[1] + cold.shape[1]
+        pooled = scored if pooled is None else pooled
+        chosen = top_share(hot, min(math.ceil(alpha * pooled), scored), more=cold)
+        parts = split(chosen, hot_positions, cold_positions)
+        return cls(chosen, parts.counts, hot.shape[1], parts.indices, parts.positions, parts.more_chosen)
 
     @property
     def hot_count(self) -> int:
-        return sum(len(slots) for slots in self.hot)
+        return int(self.hot_counts.sum())
+
+    @property
+    def cold_counts(self) -> np.ndarray:
+        """How many cold tokens each sequence chose, [B]."""
+        return self.chosen.shape[1] - self.hot_counts
 
     @property
     def cold_count(self) -> int:
-        return sum(len(slots) for slots in self.cold)
+        return self.chosen.size - self.hot_count
+
+    def hot_slots(self) -> np.ndarray:
+        """The chosen hot slots [B, the most any row chose], each row's own first (`hot_counts`), then slot 0."""
+        return np.ascontiguousarray(self.padded_hot[:, : int(self.hot_counts.max(initial=0))])
+
+    def cold_rows(self, seq: int) -> np.ndarray:
+        """Sequence `seq`'s chosen cold tokens, as indices among its scored cold tokens."""
+        return self.chosen[seq, self.hot_counts[seq] :] - self.hot_used
+
+    @cached_property
+    def cold_positions(self) -> list[np.ndarray]:
+        """Per sequence, the positions of the chosen cold tokens: the tail of its row."""
+        return [row[count:] for row, count in zip(self.positions, self.hot_counts.tolist())]
 
 
 def candidate_counts(margin: float, cold_picked: np.ndarray, cold_tokens: int, least: int) -> np.ndarray:
@@ -140,61 +158,61 @@ class PooledSegment(Segment):
         weights = weights.contiguous()
         batch, heads, group, stride = weights.shape
         out = torch.empty(batch, heads, group, self.values.shape[3])
-        bf16 = self.values.dtype == torch.bfloat16
-        elements = self.values.untyped_storage().nbytes() // self.values.element_size()
-        storage = self.values.as_strided((elements,), (1,), 0)  # the rows' whole buffer; the strides locate them
-        _chosen_values.weighted((storage.view(torch.int16) if bf16 else storage).numpy(), self.values.storage_offset(),
-                                *self.values.stride()[:3], self.slots, self.counts, weights.numpy(), out.numpy(),
-                                2 if bf16 else 4, batch, heads, group, self.values.shape[2], self.width, stride, start,
-                                self.values.shape[3])
+        _chosen_values.weighted(*_rows_buffer(self.values), self.slots, self.counts, weights.numpy(), out.numpy(),
+                                self.values.element_size(), batch, heads, group, self.values.shape[2], self.width,
+                                stride, start, self.values.shape[3])
         return out
+
+
+def _rows_buffer(rows: torch.Tensor) -> tuple[np.ndarray, int, int, int, int]:
+    """What the compiled kernels take for rows [B, H, n, D] at any strides but the last: their whole buffer (bfloat16
+    as its bits), the first row's element offset in it, and the strides of the first three dimensions."""
+    elements = rows.untyped_storage().nbytes() // rows.element_size()
+    storage = rows.as_strided((elements,), (1,), 0)
+    storage = storage.view(torch.int16) if rows.dtype == torch.bfloat16 else storage
+    return (storage.numpy(), rows.storage_offset(), *rows.stride()[:3])
 
 
 def weighs_in_place(values: torch.Tensor, group: int) -> bool:
     """Whether the compiled weighted sum (chosen_values.c) takes chosen values from `values` [B, Hkv, slots, D] for
-    `group` query heads per KV head: in host memory, each row contiguous, float32 or bfloat16, head_dim a multiple of
-    8, a CPU with AVX2 and FMA."""
-    return (_chosen_values.vectorized and values.device.type == "cpu" and values.stride(3) == 1
-            and values.dtype in (torch.float32, torch.bfloat16) and values.shape[3] % 8 == 0
-            and group * values.shape[3] <= _chosen_values.max_accumulators)
+    `group` query heads per KV head: `compiled_rows` holds, and the group's accumulators fit."""
+    return compiled_rows(values) and group * values.shape[3] <= _chosen_values.max_accumulators
 
 
-def _chosen_columns(dots: torch.Tensor, positions: np.ndarray,
-                    chosen: list[np.ndarray]) -> tuple[np.ndarray, torch.Tensor, np.ndarray]:
-    """Each sequence's `chosen` slots [B, n] (padded with slot 0), their logits picked out of `dots` [B, Hkv, G, slots]
-    (the padding's -inf) and their positions (out of `positions` [B, slots])."""
-    width = max(len(slots) for slots in chosen)
-    index = np.zeros((len(chosen), width), dtype=np.int64)
-    for seq, slots in enumerate(chosen):
-        index[seq, : len(slots)] = slots
-    rows = torch.from_numpy(index)
-    logits = dots.gather(3, rows[:, None, None, :].expand(-1, *dots.shape[1:3], -1))
-    for seq, slots in enumerate(chosen):
-        if len(slots) < width:  # the padding
-            logits[seq, :, :, len(slots) :] = float("-inf")
-    flat = index + np.arange(len(index))[:, None] * positions.shape[1]  # take_along_axis took 5x as long
-    return index, logits, np.ascontiguousarray(positions).reshape(-1).take(flat)
+def compiled_rows(rows: torch.Tensor) -> bool:
+    """Whether the compiled kernels (chosen_values.c, candidate_dots.c) read `rows` [B, H, n, D] where they lie: in
+    host memory, each row contiguous, float32 or bfloat16, head_dim a multiple of 8, a CPU with AVX2 and FMA."""
+    return (_chosen_values.vectorized and rows.device.type == "cpu" and rows.stride(3) == 1
+            and rows.dtype in (torch.float32, torch.bfloat16) and rows.shape[3] % 8 == 0)
 
 
-def chosen_copied(dots: torch.Tensor, values: torch.Tensor, positions: np.ndarray, chosen: list[np.ndarray]) -> Segment:
-    """The `chosen` slots of a source (logits `dots` [B, Hkv, G, slots], `values` [B, Hkv, slots, D], `positions`
-    [B, slots]): their logits picked out, their values copied out (each sequence padded to the most chosen, the
-    padding's logits -inf)."""
-    index, logits, chosen_positions = _chosen_columns(dots, positions, chosen)
-    rows = torch.from_numpy(index)
+def _chosen_logits(dots: torch.Tensor, slots: np.ndarray, counts: np.ndarray) -> torch.Tensor:
+    """The logits of each sequence's chosen `slots` [B, n] (its own the first counts[b], then padding) picked out of
+    `dots` [B, Hkv, G, slots]; the padding's -inf."""
+    logits = dots.gather(3, torch.from_numpy(slots)[:, None, None, :].expand(-1, *dots.shape[1:3], -1))
+    if counts.min(initial=slots.shape[1]) == slots.shape[1]:
+        return logits  # no padding (as at batch 1): a mask's few ops cost as much as the gather
+    padding = torch.from_numpy(np.arange(slots.shape[1]) >= counts[:, None])
+    return logits.masked_fill_(padding[:, None, None, :], float("-inf"))
+
+
+def chosen_copied(dots: torch.Tensor, values: torch.Tensor, slots: np.ndarray, counts: np.ndarray,
+                  positions: np.ndarray) -> Segment:
+    """The chosen `slots` [B, n] (each sequence's own the first counts[b], then padding; positions [B, n]) of a
+    source (logits `dots` [B, Hkv, G, slots], `values` [B, Hkv, slots, D]): their logits picked out (the padding's
+    -inf), their values copied out."""
+    rows = torch.from_numpy(slots)
     out = values.new_empty(len(rows), values.shape[1], rows.shape[1], values.shape[3])
     for seq in range(len(rows)):  # index_select per sequence: a batched gather of the rows was ~18x slower on the CPU
         torch.index_select(values[seq], 1, rows[seq], out=out[seq])
-    return Segment(logits, out, chosen_positions)
+    return Segment(_chosen_logits(dots, slots, counts), out, positions)
 
 
-def chosen_in_place(dots: torch.Tensor, values: torch.Tensor, positions: np.ndarray,
-                    chosen: list[np.ndarray]) -> PooledSegment:
-    """The `chosen` slots as `chosen_copied` gives them, but their values left where they lie (`weighs_in_place`
-    must hold): the weighted sum reads them there."""
-    index, logits, chosen_positions = _chosen_columns(dots, positions, chosen)
-    counts = np.array([len(slots) for slots in chosen], dtype=np.int64)
-    return PooledSegment(logits, values, chosen_positions, index, counts)
+def chosen_in_place(dots: torch.Tensor, values: torch.Tensor, slots: np.ndarray, counts: np.ndarray,
+                    positions: np.ndarray) -> PooledSegment:
+    """The chosen slots as `chosen_copied` gives them, but their values left where they lie (`weighs_in_place` must
+    hold): the weighted sum reads them there."""
+    return PooledSegment(_chosen_logits(dots, slots, counts), values, positions, slots, counts)
 
 
 def candidates_in_place(logits: torch.Tensor, values: torch.Tensor, positions: np.ndarray,
@@ -210,13 +228,22 @@ def candidates_in_place(logits: torch.Tensor, values: torch.Tensor, positions: n
 def candidate_scores(query: torch.Tensor, keys: torch.Tensor, counts: np.ndarray,
                      aggregation: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The cold candidates' exact q.k [B, Hkv, G, width] for the query [B, Hkv, G, D] over their keys [B, Hkv, width,
-    D] (sequence s's own the first counts[s]; the rest padding, whatever it holds), and their importance [B, width],
-    the padding's -inf: never among the top."""
+    D] (sequence s's own the first counts[s]; the rest padding, whatever it holds), and their importance [B, width];
+    the padding's both -inf: never among the top, weighted 0. Where `compiled_rows` holds, one compiled pass
+    (candidate_dots.c) reads the keys where they lie."""
+    if compiled_rows(keys):
+        batch, heads, group, head_dim = query.shape
+        dots, token_importance = torch.empty(batch, heads, group, keys.shape[2]), torch.empty(batch, keys.shape[2])
+        _candidate_dots.dots(*_rows_buffer(keys), query.contiguous().numpy(), np.ascontiguousarray(counts, np.int64),
+                             dots.numpy(), token_importance.numpy(), keys.element_size(), batch, heads, group,
+                             keys.shape[2], head_dim, int(aggregation == "max"))
+        return dots, token_importance
     # the keys copied out of the records first: torch's product over their strides took twice as long at batch 8;
     # numpy's product, faster still, runs OpenBLAS threads that take the scorer's core (docs/decisions.md)
     dots = torch.matmul(query, keys.float().contiguous().transpose(2, 3))
     padding = torch.from_numpy(np.arange(keys.shape[2]) >= counts[:, None])
-    return dots, importance(dots, aggregation).masked_fill_(padding, float("-inf"))
+    token_importance = importance(dots, aggregation).masked_fill_(padding, float("-inf"))
+    return dots.masked_fill_(padding[:, None, None, :], float("-inf")), token_importance
 
 
 def window_segment(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: np.ndarray) -> Segment:
