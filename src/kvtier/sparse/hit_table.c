@@ -24,7 +24,7 @@ static int positions_in_table(const int64_t *positions, Py_ssize_t rows, Py_ssiz
     return 1;
 }
 
-/* Parses the table arguments shared by both calls; 0 with the error set where a buffer does not fit. */
+/* Checks the table arguments both calls share; 0 with the error set where a buffer or a position does not fit. */
 static int table_fits(Py_buffer *table, Py_buffer *positions, Py_ssize_t rows, Py_ssize_t capacity, Py_ssize_t n,
                       Py_ssize_t stride) {
     if (rows < 0 || capacity < 0 || n < 0 || stride < n) {

@@ -87,7 +87,8 @@ class Picks:
         return self.chosen.size - self.hot_count
 
     def hot_slots(self) -> np.ndarray:
-        """The chosen hot slots [B, the most any row chose], each row's own first (`hot_counts`), then slot 0."""
+        """The chosen hot slots [B, the most any row chose], each row's own first (`hot_counts`), then slot 0: the split
+        writes them in its pass over the choice, where deriving them from `chosen` in numpy cost a few calls a layer."""
         return np.ascontiguousarray(self.padded_hot[:, : int(self.hot_counts.max(initial=0))])
 
     def cold_rows(self, seq: int) -> np.ndarray:
