@@ -1,8 +1,13 @@
 """Torch threads per phase and mode: the sparse path leaves one core to its scorer, every other mode uses all."""
 
+import os
+
+import pytest
 import torch
 
-from kvtier.threads import decode_threads, decoding, describe_threads, machine_threads, thread_settings, torch_threads
+from kvtier.threads import (
+    decode_threads, decoding, describe_threads, machine_threads, scorer_core, thread_settings, torch_threads,
+)
 
 
 def test_only_modes_with_a_scorer_process_leave_a_core_free():
@@ -49,3 +54,27 @@ def test_decoding_without_a_mode_changes_nothing():
     threads = torch.get_num_threads()
     with decoding(None):
         assert torch.get_num_threads() == threads
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="keeping a core free needs two")
+def test_a_scorer_mode_decodes_off_the_scorer_core_and_gives_it_back():
+    cores, core = os.sched_getaffinity(0), scorer_core()
+    assert core == max(cores)
+    with decoding("sparse-hit"):
+        assert os.sched_getaffinity(0) == cores - {core}
+        assert machine_threads() == len(cores) and scorer_core() == core  # as seen from outside the decode
+        with decoding("sparse"):  # nested (the APP calibration inside a decode): the same split
+            assert os.sched_getaffinity(0) == cores - {core} and torch.get_num_threads() == len(cores) - 1
+        assert os.sched_getaffinity(0) == cores - {core}
+    assert os.sched_getaffinity(0) == cores
+    with decoding("offload"):
+        assert os.sched_getaffinity(0) == cores  # no scorer: every core
+
+
+def test_a_single_core_keeps_no_core_for_a_scorer(monkeypatch):
+    monkeypatch.setattr("kvtier.threads.os.sched_getaffinity", lambda _pid: {3})
+    pinned = []
+    monkeypatch.setattr("kvtier.threads.os.sched_setaffinity", lambda *args: pinned.append(args))
+    assert scorer_core() is None
+    with decoding("sparse"):
+        assert pinned == []

@@ -11,6 +11,7 @@ from kvtier.sparse.record_file import RecordFile, RecordLayout
 from kvtier.sparse.scorer_client import ScorerClient
 from kvtier.sparse.sketch import SketchFormat, quantize, score
 from kvtier.storage import IOEngine
+from kvtier.threads import decoding, scorer_core
 
 LAYERS, BATCH, SLOTS, TOKENS, BLOCK = 2, 2, 1000, 700, 64
 FMT = SketchFormat(8, 2, 32)
@@ -71,6 +72,23 @@ def test_an_empty_request_is_a_cheap_round_trip(pool):
     try:
         assert client.round_trip_s(repeats=20) < 0.5  # a sanity bound only; the benchmark reports the real figure
         assert client.host_scored_requests == 0
+    finally:
+        client.close()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning apart needs two cores")
+def test_the_scorer_and_its_replacement_run_on_the_core_the_decode_keeps_free(pool):
+    channel, file, keys, query = pool
+    client = _client(channel, file)
+    try:
+        core = scorer_core()
+        assert os.sched_getaffinity(client.process.pid) == {core}
+        with decoding("sparse"):
+            assert core not in os.sched_getaffinity(0)
+            os.kill(client.process.pid, signal.SIGKILL)  # replaced from inside the decode
+            client.request(0, query, TOKENS)
+            np.testing.assert_array_equal(client.scores()[0], _expected(query, keys, 0, 0))
+            assert client.restarts == 1 and os.sched_getaffinity(client.process.pid) == {core}
     finally:
         client.close()
 

@@ -50,6 +50,7 @@ from kvtier.sparse.protocol import (
 from kvtier.sparse.record_file import RecordLayout
 from kvtier.sparse.scorer_process import StorageScorer
 from kvtier.sparse.sketch import SketchFormat
+from kvtier.threads import scorer_core
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
@@ -223,7 +224,7 @@ class ScorerClient:
     def _start(self) -> None:
         request_read, self._request_fd = os.pipe()
         self._response_fd, response_write = os.pipe()
-        config = dict(self.config, request_fd=request_read, response_fd=response_write)
+        config = dict(self.config, request_fd=request_read, response_fd=response_write, core=scorer_core())
         source_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")])))

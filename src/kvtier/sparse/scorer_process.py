@@ -230,6 +230,8 @@ def serve(config: dict) -> None:
     """Answer requests in order. Once the scorer falls behind the host (`PrepareTiming`), a request that comes while
     the one before waits for its candidate reads is scored meanwhile: at batch 8 the scorer's own time per layer
     paces the step."""
+    if config.get("core") is not None:  # before its I/O threads start: they inherit it (kvtier.threads.scorer_core)
+        os.sched_setaffinity(0, {config["core"]})
     channel = Channel(ChannelSpec(**config["channel"]), config["channel_fd"])
     requests, responses = config["request_fd"], config["response_fd"]
     scorer = StorageScorer(config, channel, config["memory_budget"], config.get("crash_after_blocks", -1))
