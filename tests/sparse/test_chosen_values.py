@@ -64,6 +64,7 @@ def test_rows_at_any_strides_are_read_where_they_lie(dtype):
     (dict(slot=120), "outside the pool"),
     (dict(slot=-1), "outside the pool"),
     (dict(count=9), "exceeds the width"),
+    (dict(count=-1), "exceeds the width"),
     (dict(head_dim=12), "multiple of 8"),
     (dict(start=3), "within each weight row"),
     (dict(out_rows=1), "does not match"),

@@ -1,7 +1,7 @@
 /* What the host's AVX2 + FMA kernels (hot_dots.c, chosen_values.c, candidate_dots.c, summed_query.c) share: their
    module, created with a `vectorized` constant that says whether this CPU runs them (x86-64 with AVX2 and FMA).
    Where it is 0 the kernels refuse to run and the Python side keeps torch's ops; and the load of eight float32 or
-   bfloat16 numbers their loops share. Include after Python.h. */
+   bfloat16 numbers their loops share, and the check of their per-sequence counts. Include after Python.h. */
 
 #ifndef KVTIER_AVX2_MODULE_H
 #define KVTIER_AVX2_MODULE_H
@@ -21,6 +21,14 @@ static inline __m256 eight_floats(const void *data, size_t at, int bf16) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 #endif
+
+/* Whether each of `batch` counts (the rows a kernel takes per sequence) lies in [0, width]. */
+static inline int counts_fit(const int64_t *counts, int batch, Py_ssize_t width) {
+    for (int b = 0; b < batch; b++)
+        if (counts[b] < 0 || counts[b] > width)
+            return 0;
+    return 1;
+}
 
 /* `definition`'s module with its `vectorized` constant, which `*vectorized` also receives; NULL on error. */
 static PyObject *create_avx2_module(struct PyModuleDef *definition, int *vectorized) {

@@ -102,13 +102,6 @@ static void all_heads(const char *keys, const Py_ssize_t *strides, Py_ssize_t fi
 
 static int vectorized = 0;
 
-static int counts_fit(const int64_t *counts, int batch, Py_ssize_t width) {
-    for (int b = 0; b < batch; b++)
-        if (counts[b] < 0 || counts[b] > width)
-            return 0;
-    return 1;
-}
-
 static PyObject *dots(PyObject *self, PyObject *args) {
     Py_buffer keys, query, counts, out, importance;
     int key_bytes, batch, heads, group, head_dim, aggregation;

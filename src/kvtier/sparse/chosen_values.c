@@ -123,13 +123,12 @@ static int vectorized = 0;
 /* Whether every slot of every sequence lies in the pool and the counts fit the width. */
 static int slots_in_pool(const int64_t *slots, const int64_t *counts, int batch, Py_ssize_t width,
                          Py_ssize_t pool_slots) {
-    for (int b = 0; b < batch; b++) {
-        if (counts[b] < 0 || counts[b] > width)
-            return 0;
+    if (!counts_fit(counts, batch, width))
+        return 0;
+    for (int b = 0; b < batch; b++)
         for (Py_ssize_t j = 0; j < counts[b]; j++)
             if (slots[(size_t)b * width + j] < 0 || slots[(size_t)b * width + j] >= pool_slots)
                 return 0;
-    }
     return 1;
 }
 
