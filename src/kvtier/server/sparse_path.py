@@ -11,7 +11,8 @@ device, in host DRAM, on disk), cold-pool reads and scorer restarts into `counte
 reports; the tiers drop back to zero when the request ends. An aborted request (its client went
 away, or the server stops) leaves the queue at once, or ends at the next of those points.
 While it decodes, the process runs one torch thread fewer (`kvtier.threads`: the scorer process
-needs a core), which slows the engine's concurrent steps as well: torch's thread count is global.
+needs a core, which the worker thread leaves to it), which slows the engine's concurrent steps as
+well: torch's thread count is global.
 """
 
 from __future__ import annotations
