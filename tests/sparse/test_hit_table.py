@@ -73,6 +73,25 @@ def test_any_idle_equals_the_idle_counts_of_a_pools_used_slots():
     assert table.any_idle(pool[:, :0], 1).tolist() == [False] * 3
 
 
+def test_any_hit_equals_the_hits_of_each_rows_tail():
+    """Positions as the top-alpha gives them (each row's cold ones from its own column on), rows of a wider array."""
+    rng = np.random.default_rng(1)
+    table = HitTable(batch=4, capacity=300)
+    table.hits[:] = rng.integers(0, 8, size=(4, 300))
+    chosen = np.stack([rng.permutation(300) for _ in range(4)])[:, :50]
+    for first in (np.array([0, 10, 49, 50]), np.array([50] * 4), np.zeros(4, dtype=np.int64)):
+        for hits in (0, 1, 4, 7, 8, 300):
+            expected = [(table.hits[row, chosen[row, first[row]:]] >= hits).any() for row in range(4)]
+            assert table.any_hit(chosen, first, hits).tolist() == expected
+
+
+def test_any_hit_refuses_a_first_column_outside_the_row():
+    table = HitTable(batch=2, capacity=10)
+    for first in ([0, 3], [-1, 0]):
+        with pytest.raises(ValueError, match="first column lies outside the row"):
+            table.any_hit(np.array([[1, 2], [3, 4]]), np.array(first), 1)
+
+
 def test_positions_outside_the_table_are_refused_and_nothing_is_written():
     table = HitTable(batch=2, capacity=10)
     before = table.hits.copy(), table.stamp.copy(), table.steps
@@ -81,5 +100,7 @@ def test_positions_outside_the_table_are_refused_and_nothing_is_written():
             table.record(positions)
         with pytest.raises(ValueError, match="outside the table"):
             table.any_idle(positions, 1)
+        with pytest.raises(ValueError, match="outside the table"):
+            table.any_hit(positions, np.zeros(2, dtype=np.int64), 1)
     assert np.array_equal(table.hits, before[0]) and np.array_equal(table.stamp, before[1])
     assert table.steps == before[2]

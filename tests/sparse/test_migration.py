@@ -55,11 +55,10 @@ def test_may_promote_says_which_sequences_have_a_candidate_and_a_victim():
     chosen = np.array([[0, 4], [4, 5], [0, 1], [4, 5]])  # per row the hot positions first
     hot_counts = np.array([1, 1, 2, 1])  # row 0: its many hits are hot; row 1: cold 5 has 4; row 2: no cold choice
     hot = np.array([[0, 6, 7], [4, 6, 7], [0, 1, 6], [4, 6, 7]])
-    cold = [row[count:] for row, count in zip(chosen, hot_counts)]
-    assert HitPolicy(promote_hits=2).may_promote(table, cold, hot).tolist() == [False, True, False, False]
-    assert HitPolicy(promote_hits=5).may_promote(table, cold, hot).tolist() == [False] * 4
-    assert HitPolicy(max_moves=0, promote_hits=2).may_promote(table, cold, hot).tolist() == [False] * 4
-    assert NaivePolicy().may_promote(table, cold, hot).tolist() == [True, True, False, True]
+    assert HitPolicy(promote_hits=2).may_promote(table, chosen, hot_counts, hot).tolist() == [False, True, False, False]
+    assert HitPolicy(promote_hits=5).may_promote(table, chosen, hot_counts, hot).tolist() == [False] * 4
+    assert HitPolicy(max_moves=0, promote_hits=2).may_promote(table, chosen, hot_counts, hot).tolist() == [False] * 4
+    assert NaivePolicy().may_promote(table, chosen, hot_counts, hot).tolist() == [True, True, False, True]
 
 
 def test_may_promote_rules_out_only_sequences_plan_would_not_swap():
@@ -73,7 +72,8 @@ def test_may_promote_rules_out_only_sequences_plan_would_not_swap():
         hot = np.stack([np.setdiff1d(np.arange(64), chosen[seq])[:40] for seq in range(4)])
         policy = HitPolicy(promote_hits=4)
         cold_positions = [row[count:] for row, count in zip(chosen, hot_counts)]
-        for seq, (may, cold) in enumerate(zip(policy.may_promote(table, cold_positions, hot), cold_positions)):
+        may_promote = policy.may_promote(table, chosen, hot_counts, hot)
+        for seq, (may, cold) in enumerate(zip(may_promote, cold_positions)):
             planned = policy.plan(table, seq, cold, np.zeros(len(cold)), hot[seq], np.zeros(len(hot[seq])))
             assert may or not len(planned)
 

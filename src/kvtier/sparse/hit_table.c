@@ -3,10 +3,12 @@
    `record` adds a hit to every chosen token and stamps it with the step; in
    numpy that was five passes over the chosen (their flat indices, a gather, a
    minimum, an add, two scatters). `any_idle` says per sequence whether some hot
-   token has gone unchosen for at least a number of steps, which the migration
-   check asks every layer and step (migration.py): numpy derived the idle count
-   of every hot token first, where a scan stops at the first idle one, most
-   often within a few tokens. The GIL is kept: the calls are short. */
+   token has gone unchosen for at least a number of steps, and `any_hit` whether
+   some chosen cold token has enough hits, which the migration check asks every
+   layer and step (migration.py): numpy derived the idle count of every hot
+   token first, where a scan stops at the first idle one, most often within a
+   few tokens, and took each sequence's chosen cold tokens in calls of its own.
+   The GIL is kept: the calls are short. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -97,6 +99,45 @@ static PyObject *any_idle(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Whether every row's first column lies in [0, n]. */
+static int firsts_in_row(const int64_t *first, Py_ssize_t rows, Py_ssize_t n) {
+    for (Py_ssize_t row = 0; row < rows; row++)
+        if (first[row] < 0 || first[row] > n)
+            return 0;
+    return 1;
+}
+
+static PyObject *any_hit(PyObject *self, PyObject *args) {
+    Py_buffer hits, positions, first, out;
+    Py_ssize_t rows, capacity, n, stride;
+    int needed;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*nnnni", &hits, &positions, &first, &out, &rows, &capacity, &n, &stride,
+                          &needed))
+        return NULL;
+    PyObject *result = NULL;
+    if ((size_t)out.len != (size_t)rows || (size_t)first.len != (size_t)rows * sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "a buffer's size does not match the shape");
+    } else if (!firsts_in_row((const int64_t *)first.buf, rows, n)) {
+        PyErr_SetString(PyExc_ValueError, "a row's first column lies outside the row");
+    } else if (table_fits(&hits, &positions, rows, capacity, n, stride)) {
+        const uint8_t *row_hits = hits.buf;
+        const int64_t *row_positions = positions.buf, *firsts = first.buf;
+        uint8_t *found = out.buf;
+        for (Py_ssize_t row = 0; row < rows; row++, row_hits += capacity, row_positions += stride) {
+            Py_ssize_t j = firsts[row];
+            while (j < n && row_hits[row_positions[j]] < needed)
+                j++;
+            found[row] = j < n;
+        }
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&hits);
+    PyBuffer_Release(&positions);
+    PyBuffer_Release(&first);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"record", record, METH_VARARGS,
      "record(hits, stamp, positions, rows, capacity, n, stride, now): for j < n of each row, hits[row, p] += 1 (up to "
@@ -105,6 +146,9 @@ static PyMethodDef methods[] = {
     {"any_idle", any_idle, METH_VARARGS,
      "any_idle(stamp, positions, out, rows, capacity, n, stride, now, steps): out[row] (uint8 [rows]) = 1 where some "
      "p = positions[row x stride + j], j < n, has (now - stamp[row, p]) mod 256 >= steps, else 0."},
+    {"any_hit", any_hit, METH_VARARGS,
+     "any_hit(hits, positions, first, out, rows, capacity, n, stride, needed): out[row] (uint8 [rows]) = 1 where some "
+     "p = positions[row x stride + j], first[row] <= j < n (first int64 [rows]), has hits[row, p] >= needed, else 0."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -56,6 +56,15 @@ class HitTable:
                             steps)
         return idle.view(bool)
 
+    def any_hit(self, positions: np.ndarray, first: np.ndarray, hits: int) -> np.ndarray:
+        """Per row of positions [batch, n], whether one of its tokens from column first[row] on has `hits` hits or
+        more: a scan that stops at the first (hit_table.c)."""
+        flat, stride = strided_rows(positions)
+        found = np.empty(len(positions), dtype=np.uint8)
+        _hit_table.any_hit(self.hits, flat, np.ascontiguousarray(first, dtype=np.int64), found, *self.hits.shape,
+                           positions.shape[1], stride, min(hits, 256))
+        return found.view(bool)
+
     def idle_rows(self, positions: np.ndarray) -> np.ndarray:
         """`idle` of positions [batch, n], one row per sequence."""
         return self._since(self.stamp.reshape(-1)[self._flat(positions)])

@@ -345,19 +345,21 @@ class SparseLayer(WindowedLayer):
         if policy is None:
             return [NO_SWAPS] * len(picks.positions)
         hot_positions = self.hot.positions[:, : self.hot.used]
-        cold_positions = picks.cold_positions
-        planning = policy.may_promote(self.table, cold_positions, hot_positions)
+        planning = policy.may_promote(self.table, picks.positions, picks.hot_counts, hot_positions)
+        if not planning.any():  # most steps: no sequence's own arrays needed
+            return [NO_SWAPS] * len(planning)
         return [policy.plan(self.table, seq, positions, cold_scores[seq][picks.cold_rows(seq)], hot_positions[seq],
                             hot_scores[seq]) if planning[seq] else NO_SWAPS
-                for seq, positions in enumerate(cold_positions)]
+                for seq, positions in enumerate(picks.cold_positions)]
 
     def _apply_swaps(self, plans: list[Swaps], picks: Picks, candidates: Fetched) -> None:
         """Promote the planned cold tokens (their K/V just fetched, in `candidates`) into the victims' hot slots, and
         back."""
         cold_pool = self.runtime.cold
-        for seq, (swaps, cold_positions) in enumerate(zip(plans, picks.cold_positions)):
+        for seq, swaps in enumerate(plans):
             if not len(swaps):
                 continue
+            cold_positions = picks.cold_positions[seq]
             rows = picks.cold_rows(seq)
             cold_slots = candidates.slots[seq][rows]
             hot_positions = self.hot.positions[seq, : self.hot.used]

@@ -54,14 +54,14 @@ class HitPolicy:
     idle_steps: int = 16
     price: PromotionPrice | None = None
 
-    def may_promote(self, table: HitTable, cold_positions: list[np.ndarray], hot_positions: np.ndarray) -> np.ndarray:
+    def may_promote(self, table: HitTable, chosen: np.ndarray, first_cold: np.ndarray,
+                    hot_positions: np.ndarray) -> np.ndarray:
         """Per sequence, whether `plan` can find a candidate and a victim: one check for the whole batch, since most
-        steps promote nothing. `cold_positions`: each sequence's chosen cold positions (a few: only their hits are
-        read); `hot_positions` [batch, n]: the hot pool's."""
+        steps promote nothing. `chosen` [batch, k]: the positions the step chose, each row's cold ones from column
+        first_cold[row] on (a few: only their hits are read); `hot_positions` [batch, n]: the hot pool's."""
         if not self.max_moves:
-            return np.zeros(len(cold_positions), dtype=bool)
-        needed = self._needed_hits()
-        possible = np.array([(hits[positions] >= needed).any() for hits, positions in zip(table.hits, cold_positions)])
+            return np.zeros(len(chosen), dtype=bool)
+        possible = table.any_hit(chosen, first_cold, self._needed_hits())
         if possible.any():
             possible &= table.any_idle(hot_positions, self.idle_steps)
         return possible
@@ -105,10 +105,10 @@ def coldest(hits: np.ndarray, idle: np.ndarray, count: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class NaivePolicy(HitPolicy):
-    def may_promote(self, table: HitTable, cold_positions: list[np.ndarray], hot_positions: np.ndarray) -> np.ndarray:
+    def may_promote(self, table: HitTable, chosen: np.ndarray, first_cold: np.ndarray,
+                    hot_positions: np.ndarray) -> np.ndarray:
         # every chosen cold token is a candidate, every hot token a victim
-        chose_cold = np.array([len(positions) > 0 for positions in cold_positions])
-        return chose_cold & (self.max_moves > 0) & (hot_positions.shape[1] > 0)
+        return (first_cold < chosen.shape[1]) & (self.max_moves > 0) & (hot_positions.shape[1] > 0)
 
     def plan(self, table: HitTable, seq: int, cold_positions: np.ndarray, cold_scores: np.ndarray,
              hot_positions: np.ndarray, hot_scores: np.ndarray) -> Swaps:
