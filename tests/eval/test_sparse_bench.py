@@ -35,6 +35,19 @@ def test_the_lookahead_row_covers_the_layers_it_predicts():
         assert recall[f"lookahead-sum-int{bits} shortlist"] != recall[f"sum-int{bits} shortlist"]
 
 
+def test_the_step_ahead_rows_rank_the_first_layers_with_the_query_of_the_step_before():
+    """The first two layers at the second decode step: with the first step's query the shortlist differs from the one
+    their own query draws up."""
+    model = tiny_models.tiny_llama(num_hidden_layers=4)
+    ids = torch.randint(0, 128, (1, 300), generator=torch.Generator().manual_seed(1))
+    recall = selection_recall(model, record(model, ids, 1000), 0.2)
+    for bits in (8, 4):
+        ahead = recall[f"step-ahead sum-int{bits} shortlist"]
+        own = recall[f"step-ahead layers, own query, sum-int{bits} shortlist"]
+        assert 0.0 < ahead["recall"] <= 1.0 and 0.0 < own["recall"] <= 1.0
+        assert ahead != own
+
+
 def _empty_result(score_bits: int) -> dict:
     return {"model": "qwen2.5-0.5b", "context": 256, "batch": 1, "alpha": 0.2, "score_bits": score_bits,
             "host_budget_bytes": 4096, "prompt_kv_bytes": 8192, "new_tokens": 2, "torch_threads": 1, "modes": {},

@@ -287,9 +287,13 @@ def test_alpha_one_with_lookahead_equals_dense(tiny_llama, tmp_path):
     cache = _sparse(tiny_llama, tmp_path, 220, batch=2, alpha=1.0, **LOOKAHEAD)
     try:
         sparse = _run(tiny_llama, cache, ids, 6)
-        summary = cache.stats.summary()
-        assert summary["lookahead_layers"] > 0  # the second layer took prefetched candidates
-        assert 0 < summary["unpredicted_fetch_s"] < summary["fetch_s"]  # the first layer's fetch is its own part
+        summary, steps = cache.stats.summary(), cache.stats.steps
+        # the first step reads its own (a layer is asked for as many candidates as it chose cold tokens last step); from
+        # the second on, the second layer takes candidates predicted from the first's input and the first those asked
+        # for at the end of the step before, with the query it attended with there
+        assert steps[0].lookahead_layers == 0 and steps[0].unpredicted_fetch_s == steps[0].fetch_s > 0
+        assert [step.lookahead_layers for step in steps[1:]] == [2] * (len(steps) - 1)
+        assert summary["unpredicted_fetch_s"] == 0 < summary["fetch_s"]
         assert summary["selected_cold"] == summary["pooled_cold"] > 0  # at alpha 1 every cold token is a candidate
     finally:
         cache.close()
@@ -350,7 +354,7 @@ def test_layers_whose_candidates_come_late_are_asked_for_earlier_and_stay_exact(
     try:
         sparse = _run(model, cache, ids, 6)
         tiers = sorted((layer for layer in cache.layers if isinstance(layer, SparseLayer)), key=lambda l: l.tier)
-        assert [layer.ahead for layer in tiers] == [1] + [MAX_AHEAD] * 4  # tier 0 is not predicted
+        assert [layer.ahead for layer in tiers] == [1] + [MAX_AHEAD] * 4  # tier 0 is asked for a step ahead
         assert max(in_flight) == MAX_AHEAD  # while a layer attends, the next three layers' requests are out
     finally:
         cache.close()

@@ -233,18 +233,23 @@ def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
     """Recall of each importance estimate vs exact top-k, averaged over the layers of one decode step
     after the (batch-1) prompt of `tape`; "lookahead-sum-int8" ranks with the query the lookahead predicts from the
     previous layer's input, over the layers it predicts (kvtier.sparse.lookahead). The "shortlist" rows are the
-    path's own choice: the exact top-k among the candidate margin x k tokens the sketches rank best."""
+    path's own choice: the exact top-k among the candidate margin x k tokens the sketches rank best. The "step-ahead"
+    rows are the first tiered layers' (those asked for a step ahead) at the next decode step, shortlisted with the
+    query of the step before; "own query" the same layers and step with their own query."""
     with DenseAttentionProbe(model) as probe, _predicted_queries(model, probe) as predicted, torch.inference_mode():
-        cache = make_cache(model, KVConfig(), tape.ids.shape[1] + 1)  # chunked prefill needs the causal mask
+        cache = make_cache(model, KVConfig(), tape.ids.shape[1] + 2)  # chunked prefill needs the causal mask
         logits = tape.prefill(model, cache)
         with probe.capturing():
+            logits = model(input_ids=logits.argmax(-1, keepdim=True), cache=cache).logits[:, -1]
+        captured, predicted = _host_copies(probe.captured), dict(predicted)
+        with probe.capturing():
             model(input_ids=logits.argmax(-1, keepdim=True), cache=cache)
-    captured = {layer: (query[0, :, 0].float().cpu(), keys[0].float().cpu(), scaling)
-                for layer, (query, keys, scaling) in probe.captured.items()}
+        following = _host_copies(probe.captured)
     table: dict[str, list[tuple[float, float]]] = {}
     tiered = full_attention_layers(text_config(model))
+    skip = SparseSettings().lookahead_skip
     looked_ahead = {layer for tier, layer in enumerate(tiered[1:], start=1)
-                    if is_predicted(tier, tiered[tier - 1], layer, SparseSettings().lookahead_skip)}
+                    if is_predicted(tier, tiered[tier - 1], layer, skip)}
     margin = SparseSettings().candidate_margin
     masses = []
     for layer, (query, keys, scaling) in captured.items():
@@ -266,9 +271,29 @@ def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
                     recall_at(mass, shortlisted(guessed[bits], exact, k, margin), k))
         if guessed:
             table.setdefault("lookahead-sum-int8", []).append(recall_at(mass, guessed[8], k))
+    for layer in tiered[:skip]:
+        _step_ahead_recall(table, captured[layer][0], *following[layer], alpha, margin)
     recall = {name: {"recall": float(np.mean([r for r, _ in rows])), "mass_recall": float(np.mean([m for _, m in rows]))}
               for name, rows in table.items()}
     return recall | {"edge_mass": _edge_mass(masses)}
+
+
+def _host_copies(captured: dict) -> dict:
+    """The probe's captures {layer: (query [Hq, D], keys [Hkv, N, D], scaling)}, sequence 0's, float32 on the host."""
+    return {layer: (query[0, :, 0].float().cpu(), keys[0].float().cpu(), scaling)
+            for layer, (query, keys, scaling) in captured.items()}
+
+
+def _step_ahead_recall(table: dict, query_before: torch.Tensor, query: torch.Tensor, keys: torch.Tensor,
+                       scaling: float, alpha: float, margin: float) -> None:
+    """A layer asked for a step ahead: its shortlist drawn up with the query of the step before, and with its own."""
+    mass = exact_mass(query, keys, scaling)
+    k = math.ceil(alpha * len(mass))
+    exact = estimate(query, keys, "sum", None)
+    for bits in SCORE_BITS:
+        for name, by in (("step-ahead", query_before), ("step-ahead layers, own query,", query)):
+            table.setdefault(f"{name} sum-int{bits} shortlist", []).append(
+                recall_at(mass, shortlisted(estimate(by, keys, "sum", bits), exact, k, margin), k))
 
 
 @contextmanager
@@ -353,6 +378,10 @@ def markdown(result: dict) -> str:
     if any(name.endswith("shortlist") for name in estimates):
         lines += ["", "a shortlist row is the sparse path's own choice: the exact top-k among the "
                       f"{SparseSettings().candidate_margin} x k tokens its sketches rank best"]
+    if any(name.startswith("step-ahead") for name in estimates):
+        lines += ["", f"the step-ahead rows are the first {SparseSettings().lookahead_skip} tiered layers' at the next "
+                      "decode step, whose candidates the path asks for at the end of the step before with the query "
+                      "they attended with there; the 'own query' rows, the same layers and step with their own query"]
     edges = result["recall"].get("edge_mass")
     if edges:
         lines += ["", "attention mass on always-kept tokens (mean over layers): " +

@@ -52,7 +52,7 @@ class SparseCache(Cache, SelectiveKVCache):
 
     def _open_step(self) -> None:
         if self.runtime.lookahead is not None:
-            self.runtime.lookahead.drain()  # a step that failed midway may have left one in flight
+            self.runtime.lookahead.open_step()  # what the last step asked for this one stays in flight
         step = self.runtime.stats.open_step()
         layers = [layer for layer in self.layers if isinstance(layer, SparseLayer) and layer.distributed]
         for layer in layers:
@@ -139,4 +139,6 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
     tiers = [layer for layer in layers if isinstance(layer, SparseLayer)]
     for layer, after in zip(tiers, tiers[1:]):
         layer.next_tiered = after
+    if runtime.lookahead is not None:
+        tiers[-1].next_step = tiers[: runtime.lookahead.skip]
     return SparseCache(layers, runtime, tiered_layers)

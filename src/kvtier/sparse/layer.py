@@ -18,7 +18,8 @@ Life of a layer:
    up to float rounding. With lookahead (lookahead.py) the storage scorer
    drew up the shortlist with a predicted query and read it while the
    previous layer computed (the layer sends the next layer's predicted query
-   before it takes its own candidates). The hit table records the step and
+   before it takes its own candidates); the first layers' were asked for at
+   the end of the step before, with the queries they attended with there. The hit table records the step and
    the migration policy plans its swaps once the choice is made.
 4. After attention, off the critical path: the migration policy swaps a
    bounded number of cold and hot tokens, and tokens leaving the recent
@@ -71,6 +72,8 @@ class SparseLayer(WindowedLayer):
         self.meter = PingPongMeter()
         self._observation: torch.Tensor | None = None
         self.next_tiered: SparseLayer | None = None  # the next tiered layer of the model (lookahead.py)
+        self.next_step: list[SparseLayer] = []  # on the last tiered layer: those asked for the next step's candidates
+        self.own_query: np.ndarray | None = None  # what such a layer scored with this step (lookahead.py)
         self.cold_picked: np.ndarray | None = None  # cold tokens each sequence chose at the last step
         self.ahead = 1  # how many layers before it its candidates are asked for (lookahead.py)
 
@@ -206,15 +209,19 @@ class SparseLayer(WindowedLayer):
         candidates = lookahead.take(self.tier) if lookahead is not None else None
         clock.lap("take")
         prefetched = candidates is not None
-        if prefetched and clock.seconds["take"] > LATE_WAIT_S:
+        if prefetched and not self.asked_a_step_ahead and clock.seconds["take"] > LATE_WAIT_S:
             self.ahead = min(self.ahead + 1, MAX_AHEAD)  # late: asked for one layer earlier from the next step on
         if not prefetched:
             runtime.cold.settle(self.tier)  # last step's moves of this layer: normally on disk long since
         clock.lap("settle")
         cold_count = int(runtime.cold.used[self.tier])
         grouped = runtime.grouped_query(query)
-        if not prefetched and cold_count:
-            runtime.scorer.request(self.tier, runtime.score_query(grouped).numpy(), cold_count)
+        if self.asked_a_step_ahead or (not prefetched and cold_count):
+            own_query = runtime.score_query(grouped).numpy()
+            if self.asked_a_step_ahead:
+                self.own_query = own_query
+            if not prefetched and cold_count:
+                runtime.scorer.request(self.tier, own_query, cold_count)
         hot_dots, hot_scores = self.hot.scores(grouped, runtime.settings.aggregation)
         clock.lap("hot scores")
         window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
@@ -270,6 +277,9 @@ class SparseLayer(WindowedLayer):
         pool is large enough and it chose cold tokens before (its count sizes the candidates)."""
         if self.runtime.lookahead is None:
             return
+        if self.next_tiered is None:
+            self._ask_for_next_step()
+            return
         chain, layer = [], self.next_tiered
         while layer is not None and len(chain) < MAX_AHEAD:
             chain.append(layer)
@@ -297,6 +307,27 @@ class SparseLayer(WindowedLayer):
         counts = lookahead.candidate_counts(target.cold_picked, cold_tokens, target.candidates_needed(cold_tokens))
         lookahead.start(target.tier, lookahead.forecast.score_query(target.layer_idx).numpy(), cold_tokens, counts)
         return True
+
+    @property
+    def asked_a_step_ahead(self) -> bool:
+        """Whether the lookahead asks for this layer's candidates a step ahead, with its own query of this step."""
+        return self.runtime.lookahead is not None and self.tier < self.runtime.lookahead.skip
+
+    def _ask_for_next_step(self) -> None:
+        """Start scoring and reading the first tiered layers' candidates for the next step with the queries they
+        attended with at this one (those layers are not predicted from a layer before them); in layer order."""
+        lookahead, cold = self.runtime.lookahead, self.runtime.cold
+        for target in self.next_step:
+            if target.tier in lookahead.in_flight:
+                continue
+            if target.cold_picked is None or target.own_query is None:
+                return
+            cold.settle(target.tier)
+            cold_tokens = int(cold.used[target.tier])
+            if not lookahead.worth(cold_tokens):
+                return
+            counts = lookahead.candidate_counts(target.cold_picked, cold_tokens, target.candidates_needed(cold_tokens))
+            lookahead.start(target.tier, target.own_query, cold_tokens, counts, next_step=True)
 
     def candidates_needed(self, cold_tokens: int) -> int:
         """Candidates a sequence needs for the hot pool and them to hold the top-alpha share of the whole pool."""

@@ -31,6 +31,13 @@ layers are five sliding layers apart), not the first `skip` tiered layers,
 whose inputs change most from layer to layer, and not layers whose cold pool
 is under `min_cold` tokens per sequence: there the prediction and the choice
 among candidates cost about what they hide.
+
+The first `skip` tiered layers are asked for a step ahead instead: as the last
+tiered layer starts attending, the scorer is sent their queries of the step
+now ending, and it reads their candidates while the model finishes the step
+and begins the next (the hit table's observation: what a layer chose at one
+step it mostly chooses at the next). A step that begins with anything else in
+flight (the one before ended midway) drops it all (`open_step`).
 """
 
 from __future__ import annotations
@@ -187,6 +194,7 @@ class Lookahead:
         self.margin, self.skip, self.min_cold = margin, skip, min_cold
         self.scorer, self.cold = scorer, cold
         self._tiers: deque[int] = deque()  # the layers ahead, oldest first, while the scorer works on them
+        self._for_next_step: list[int] = []  # those asked for at the end of a step, for the next
 
     @property
     def in_flight(self) -> tuple[int, ...]:
@@ -205,11 +213,21 @@ class Lookahead:
         """Candidates per sequence: `margin` x its last cold picks, at least MIN_CANDIDATES and `least`."""
         return candidate_counts(self.margin, cold_picked, cold_tokens, least)
 
-    def start(self, tier: int, predicted: np.ndarray, cold_tokens: int, counts: np.ndarray) -> None:
+    def start(self, tier: int, predicted: np.ndarray, cold_tokens: int, counts: np.ndarray,
+              next_step: bool = False) -> None:
         """Ask the scorer for tier `tier`'s best `counts` candidates under the predicted query, after the requests it
-        has in hand; the layer's writes must be settled."""
+        has in hand; the layer's writes must be settled. `next_step`: asked for the next decode step."""
         self.scorer.request(tier, predicted, cold_tokens, counts)
         self._tiers.append(tier)
+        if next_step:
+            self._for_next_step.append(tier)
+
+    def open_step(self) -> None:
+        """A decode step begins: keep what the step before asked for it if nothing else is in flight (else the step
+        before failed midway), drop the rest."""
+        if list(self._tiers) != self._for_next_step:
+            self.drain()
+        self._for_next_step = []
 
     def take(self, tier: int) -> Fetched | None:
         """The candidates read ahead for `tier` (waiting for them if need be), or None when none were started for it."""
@@ -225,6 +243,7 @@ class Lookahead:
         while self._tiers:
             self._tiers.popleft()
             self.scorer.candidates()
+        self._for_next_step = []
 
     def close(self) -> None:
         try:
