@@ -72,6 +72,9 @@ def test_an_empty_request_is_a_cheap_round_trip(pool):
     try:
         assert client.round_trip_s(repeats=20) < 0.5  # a sanity bound only; the benchmark reports the real figure
         assert client.host_scored_requests == 0
+        client.request(0, np.zeros(channel.query.shape[1:], dtype=np.float32), 0)  # an answer not taken yet
+        with pytest.raises(RuntimeError, match="1 requests unanswered"):
+            client.round_trip_s(repeats=1)  # it would time that answer, not its own
     finally:
         client.close()
 

@@ -176,6 +176,8 @@ def _measure(model, cache, tape: PrefillTape, bench: SparseBench, label: str) ->
 def _sparse_details(cache: SparseCache) -> dict:
     """The sparse step summary the latency suite records too (kvtier.eval.traffic), plus the scorer's health."""
     runtime = cache.runtime
+    if runtime.lookahead is not None:
+        runtime.lookahead.drain()  # the last step asked for a next one's first layers: the round trip waits alone
     return sparse_details(cache) | {
         "direct": runtime.cold.kv.direct,
         "io_backend": runtime.io.backend,  # how the cold reads reach the disk: kernel AIO or the thread pool

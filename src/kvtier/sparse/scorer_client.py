@@ -155,6 +155,8 @@ class ScorerClient:
         After each answer the scorer prepares the next layer, which the host's work hides in decode;
         `pause_s` before each request lets it finish, so the figure is the round trip alone.
         """
+        if self._pending:
+            raise RuntimeError(f"{len(self._pending)} requests unanswered: a round trip must wait for its own answer")
         times = []
         query = np.zeros(self.channel.query.shape[1:], dtype=np.float32)
         for _ in range(repeats):
