@@ -19,8 +19,9 @@ Life of a layer:
    drew up the shortlist with a predicted query and read it while the
    previous layer computed (the layer sends the next layer's predicted query
    before it takes its own candidates); the first layers' were asked for at
-   the end of the step before, with the queries they attended with there. The hit table records the step and
-   the migration policy plans its swaps once the choice is made.
+   the end of the step before, with the queries they attended with there.
+   The hit table records the step and the migration policy plans its swaps
+   once the choice is made.
 4. After attention, off the critical path: the migration policy swaps a
    bounded number of cold and hot tokens, and tokens leaving the recent
    window enter the hot pool `retire_batch` at a time; when it overflows by
@@ -295,18 +296,10 @@ class SparseLayer(WindowedLayer):
         """Ask for `target`'s candidates (directly after `before`) from the last captured hidden state; whether they
         are in flight."""
         lookahead = self.runtime.lookahead
-        if target.tier in lookahead.in_flight:
-            return True
-        if target.cold_picked is None or not lookahead.wants(target.tier, before.layer_idx, target.layer_idx):
+        if target.tier not in lookahead.in_flight and not lookahead.wants(target.tier, before.layer_idx,
+                                                                          target.layer_idx):
             return False
-        cold = self.runtime.cold
-        cold.settle(target.tier)
-        cold_tokens = int(cold.used[target.tier])
-        if not lookahead.worth(cold_tokens):
-            return False
-        counts = lookahead.candidate_counts(target.cold_picked, cold_tokens, target.candidates_needed(cold_tokens))
-        lookahead.start(target.tier, lookahead.forecast.score_query(target.layer_idx).numpy(), cold_tokens, counts)
-        return True
+        return self._ask_for(target, lambda: lookahead.forecast.score_query(target.layer_idx).numpy())
 
     @property
     def asked_a_step_ahead(self) -> bool:
@@ -316,18 +309,27 @@ class SparseLayer(WindowedLayer):
     def _ask_for_next_step(self) -> None:
         """Start scoring and reading the first tiered layers' candidates for the next step with the queries they
         attended with at this one (those layers are not predicted from a layer before them); in layer order."""
-        lookahead, cold = self.runtime.lookahead, self.runtime.cold
         for target in self.next_step:
-            if target.tier in lookahead.in_flight:
-                continue
-            if target.cold_picked is None or target.own_query is None:
+            if not self._ask_for(target, lambda target=target: target.own_query, next_step=True):
                 return
-            cold.settle(target.tier)
-            cold_tokens = int(cold.used[target.tier])
-            if not lookahead.worth(cold_tokens):
-                return
-            counts = lookahead.candidate_counts(target.cold_picked, cold_tokens, target.candidates_needed(cold_tokens))
-            lookahead.start(target.tier, target.own_query, cold_tokens, counts, next_step=True)
+
+    def _ask_for(self, target: SparseLayer, query: Callable[[], np.ndarray], next_step: bool = False) -> bool:
+        """Ask the scorer for `target`'s candidates under `query()` unless they are in flight; whether they are. Not
+        for a layer that has chosen no cold tokens yet (its last picks size the candidates) or whose cold pool is too
+        small to be worth it."""
+        lookahead = self.runtime.lookahead
+        if target.tier in lookahead.in_flight:
+            return True
+        if target.cold_picked is None:
+            return False
+        cold = self.runtime.cold
+        cold.settle(target.tier)
+        cold_tokens = int(cold.used[target.tier])
+        if not lookahead.worth(cold_tokens):
+            return False
+        counts = lookahead.candidate_counts(target.cold_picked, cold_tokens, target.candidates_needed(cold_tokens))
+        lookahead.start(target.tier, query(), cold_tokens, counts, next_step)
+        return True
 
     def candidates_needed(self, cold_tokens: int) -> int:
         """Candidates a sequence needs for the hot pool and them to hold the top-alpha share of the whole pool."""
