@@ -1,26 +1,22 @@
-"""Torch threads per phase and mode: the sparse path leaves one core to its scorer, every other mode uses all."""
+"""Torch threads per phase and mode: every mode decodes on every core; the sparse path's helpers yield to its scorer."""
 
 import os
+import threading
 
 import pytest
 import torch
 
 from kvtier.threads import (
-    decode_threads, decoding, describe_threads, machine_threads, scorer_core, thread_settings, torch_threads,
+    decode_threads, decoding, describe_threads, machine_threads, scorer_core, thread_settings, torch_helpers,
+    torch_threads,
 )
 
 
-def test_only_modes_with_a_scorer_process_leave_a_core_free():
-    assert decode_threads("sparse") == decode_threads("sparse-naive") == max(1, machine_threads() - 1)
-    for mode in ("dense", "offload", "h2o", "infinigen", "leoam"):
+def test_every_mode_decodes_on_every_core(monkeypatch):
+    for mode in ("sparse", "sparse-naive", "dense", "offload", "h2o", "infinigen", "leoam"):
         assert decode_threads(mode) == machine_threads()
-
-
-def test_a_scorer_mode_keeps_one_thread_on_one_core(monkeypatch):
-    monkeypatch.setattr("kvtier.threads.machine_threads", lambda: 1)
-    assert decode_threads("sparse") == 1
     monkeypatch.setattr("kvtier.threads.machine_threads", lambda: 16)
-    assert decode_threads("sparse") == 15 and decode_threads("offload") == 16
+    assert decode_threads("sparse") == decode_threads("offload") == 16
 
 
 def test_torch_threads_restores_the_count_even_after_an_error():
@@ -35,9 +31,11 @@ def test_torch_threads_restores_the_count_even_after_an_error():
 
 
 def test_recorded_threads_read_back_as_text():
-    sparse = max(1, machine_threads() - 1)
-    assert describe_threads(thread_settings()) == (f"prefill {machine_threads()}; decode sparse {sparse}, "
-                                                   f"other modes {machine_threads()}")
+    cores = machine_threads()
+    assert describe_threads(thread_settings()) == (f"prefill {cores}; decode sparse {cores}, other modes {cores}; "
+                                                   "sparse: torch's helper threads yield to the scorer (SCHED_IDLE)")
+    earlier = {"prefill": 2, "decode": {"sparse": 1, "other modes": 2}}  # results from before the helpers yielded
+    assert describe_threads(earlier) == "prefill 2; decode sparse 1, other modes 2"
     assert describe_threads(1) == "1 (prefill and decode, every mode)"  # results from before per-phase threads
 
 
@@ -64,7 +62,7 @@ def test_a_scorer_mode_decodes_off_the_scorer_core_and_gives_it_back():
         assert os.sched_getaffinity(0) == cores - {core}
         assert machine_threads() == len(cores) and scorer_core() == core  # as seen from outside the decode
         with decoding("sparse"):  # nested (the APP calibration inside a decode): the same split
-            assert os.sched_getaffinity(0) == cores - {core} and torch.get_num_threads() == len(cores) - 1
+            assert os.sched_getaffinity(0) == cores - {core} and torch.get_num_threads() == len(cores)
         assert os.sched_getaffinity(0) == cores - {core}
     assert os.sched_getaffinity(0) == cores
     with decoding("offload"):
@@ -78,3 +76,38 @@ def test_a_single_core_keeps_no_core_for_a_scorer(monkeypatch):
     assert scorer_core() is None
     with decoding("sparse"):
         assert pinned == []
+
+
+def _policies(threads):
+    return {tid: os.sched_getscheduler(tid) for tid in threads}
+
+
+def _placement(threads):
+    return {tid: (os.sched_getscheduler(tid), os.sched_getaffinity(tid)) for tid in threads}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="helper threads need two cores")
+def test_torch_helpers_are_the_threads_python_did_not_start():
+    with torch_threads(2):
+        helpers = torch_helpers()
+    assert helpers and threading.get_native_id() not in helpers
+    assert not set(helpers) & {thread.native_id for thread in threading.enumerate()}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="helper threads need two cores")
+def test_a_scorer_modes_helpers_yield_while_it_decodes_and_get_their_policy_back():
+    with torch_threads(2):
+        before = _placement(torch_helpers())
+    assert {policy for policy, _ in before.values()} == {os.SCHED_OTHER}
+    cores, core = os.sched_getaffinity(0), scorer_core()
+    with decoding("sparse-hit"):
+        *others, yielding = sorted(torch_helpers())
+        assert _policies([yielding]) == {yielding: os.SCHED_IDLE} and os.sched_getaffinity(yielding) == {core}
+        assert all(os.sched_getaffinity(tid) == cores - {core} for tid in others)
+        assert set(_policies([threading.get_native_id(), *others]).values()) == {os.SCHED_OTHER}
+        with decoding("sparse"):  # nested: still yielding after the inner decode ends
+            pass
+        assert _policies([yielding]) == {yielding: os.SCHED_IDLE} and os.sched_getaffinity(yielding) == {core}
+    assert _placement([yielding, *others]) == before
+    with decoding("offload"):
+        assert set(_policies(torch_helpers()).values()) == {os.SCHED_OTHER}

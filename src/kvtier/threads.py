@@ -1,23 +1,27 @@
-"""Torch threads per phase: prefill on every core; decode leaves one core to the scorer process where one runs.
+"""Torch threads per phase: prefill on every core; a scorer mode's decode yields a core to the scorer process.
 
 The sparse path's storage scorer is a process of its own that works during decode and needs a
-core: on the 2-core development VM `--kv sparse` decodes on one torch thread (torch's spinning
-pool starves the scorer otherwise). Every other mode has no such process and decodes on every core:
-holding a baseline to fewer threads because our system needs a core would flatter us
-(docs/decisions.md has the measurement). Prefill is dense in every mode and runs before the scorer has work: every core.
-`kvtier generate` and the benchmarks decode under `decode_threads`; the sparse path's APP
-calibration is kept per thread count (kvtier.sparse.planner), as its host rates scale with it.
+core (`scorer_core`): the scorer pins itself to it, and a scorer mode's decode keeps the decoding
+thread off it. Unpinned, a pipe write tends to run the woken reader on the writer's core (a
+synchronous wake-up), where scorer and decoding thread take turns while the other core idles.
 
-That core is the scorer's alone (`scorer_core`): the scorer process pins itself to it, and a
-scorer mode's decode keeps the decoding thread off it. Unpinned, a pipe write tends to run the
-woken reader on the writer's core (a synchronous wake-up), where scorer and decoding thread take
-turns while the other core idles (docs/decisions.md has the measurement).
+Torch still decodes on every core: one of its helper threads (the intra-op pool that splits the
+model's matrix products) shares the scorer's core under SCHED_IDLE, so the scorer preempts it the
+moment it has work and it uses the core only while the scorer waits; the other helpers stay off
+that core. A helper at normal priority there starves the scorer, one thread fewer leaves most of
+that core idle, and an unpinned idle helper may land beside the decoding thread, which then spins
+waiting for it (docs/decisions.md has the measurements). The sparse layer's own step runs on `LAYER_STEP_THREADS` (one; set around it
+in kvtier.sparse.attention): its products are small, and a helper preempted by the scorer would
+hold up the whole op. Every other mode has no scorer and decodes on every core at normal priority.
+`kvtier generate` and the benchmarks decode under `decoding`; the sparse path's APP calibration
+measures its host rates on the layer step's threads (kvtier.sparse.planner).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from contextlib import contextmanager
 
 import torch
@@ -25,6 +29,7 @@ import torch
 _kept_free: dict[int, int] = {}  # native thread id -> the core its decode keeps free for the scorer
 
 SCORER_MODES = frozenset({"sparse"})  # modes whose decode shares the machine with the storage scorer process
+LAYER_STEP_THREADS = 1  # torch threads of a sparse layer's own decode step (kvtier.sparse.attention)
 
 
 def machine_threads() -> int:
@@ -47,9 +52,7 @@ def _has_scorer(mode: str) -> bool:
 
 
 def decode_threads(mode: str) -> int:
-    """Torch threads for `mode`'s decode steps (modes may carry a suffix: `sparse-hit`)."""
-    if _has_scorer(mode):
-        return max(1, machine_threads() - 1)  # one core for the scorer process
+    """Torch threads for `mode`'s decode steps: every core (a scorer mode's helpers yield, `_yielding_helpers`)."""
     return machine_threads()
 
 
@@ -59,7 +62,7 @@ def decoding(mode: str | None):
     if mode is None:
         yield
         return
-    with torch_threads(decode_threads(mode)), _off_scorer_core(mode):
+    with torch_threads(decode_threads(mode)), _off_scorer_core(mode), _yielding_helpers(mode):
         yield
 
 
@@ -83,6 +86,54 @@ def _off_scorer_core(mode: str):
 
 
 @contextmanager
+def _yielding_helpers(mode: str):
+    """For a scorer mode on several cores, one of torch's helper threads shares the scorer's core under SCHED_IDLE
+    and the others stay off it (with the decoding thread); afterwards each runs where and as it did."""
+    core = scorer_core() if _has_scorer(mode) else None
+    helpers = sorted(torch_helpers()) if core is not None and torch.get_num_threads() > 1 else []
+    if not helpers:
+        yield
+        return
+    before = {tid: (os.sched_getscheduler(tid), os.sched_getaffinity(tid)) for tid in helpers}
+    *others, yielding = helpers
+    for tid in others:
+        os.sched_setaffinity(tid, os.sched_getaffinity(0))  # the decoding thread's cores: not the scorer's
+    os.sched_setaffinity(yielding, {core})
+    os.sched_setscheduler(yielding, os.SCHED_IDLE, os.sched_param(0))
+    try:
+        yield
+    finally:
+        for tid, (policy, cores) in before.items():
+            try:
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+                os.sched_setaffinity(tid, cores)
+            except ProcessLookupError:  # the pool shrank meanwhile
+                pass
+
+
+def torch_helpers() -> list[int]:
+    """Native ids of torch's intra-op helper threads: the threads Python did not start that run a parallel op."""
+    started_by_python = {thread.native_id for thread in threading.enumerate()}
+    before = _cpu_ns()
+    ones = torch.ones(1 << 18)
+    for _ in range(8):  # large enough that torch splits it over every thread
+        ones.mul_(1.0)
+    after = _cpu_ns()
+    return [tid for tid, ns in after.items() if tid not in started_by_python and ns > before.get(tid, 0)]
+
+
+def _cpu_ns() -> dict[int, int]:
+    """Nanoseconds on a CPU so far, per thread of this process, up to date even for a thread running now."""
+    seen = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:  # Linux's clock id of a thread's CPU time: (~tid << 3) | per-thread (4) | scheduler's count (2)
+            seen[tid] = time.clock_gettime_ns((~tid << 3) | 6)
+        except OSError:  # the thread ended meanwhile
+            continue
+    return seen
+
+
+@contextmanager
 def torch_threads(count: int):
     """Run the block on `count` torch threads, then restore the previous count."""
     before = torch.get_num_threads()
@@ -97,11 +148,15 @@ def thread_settings() -> dict:
     """What a result records about torch threads."""
     return {"prefill": machine_threads(),
             "decode": {**{mode: decode_threads(mode) for mode in sorted(SCORER_MODES)},
-                       "other modes": machine_threads()}}
+                       "other modes": machine_threads()},
+            "helpers_yield_to_scorer": True}
 
 
 def describe_threads(recorded: dict | int) -> str:
     """`thread_settings()` as text; an int is a result from before threads were set per phase (one for all)."""
     if isinstance(recorded, int):
         return f"{recorded} (prefill and decode, every mode)"
-    return f"prefill {recorded['prefill']}; decode " + ", ".join(f"{mode} {n}" for mode, n in recorded["decode"].items())
+    text = f"prefill {recorded['prefill']}; decode " + ", ".join(f"{mode} {n}" for mode, n in recorded["decode"].items())
+    if recorded.get("helpers_yield_to_scorer"):
+        text += f"; {', '.join(sorted(SCORER_MODES))}: torch's helper threads yield to the scorer (SCHED_IDLE)"
+    return text

@@ -39,11 +39,11 @@ class _ThreadSpy(DenseCache):
 
 
 def test_decode_threads_apply_to_the_steps_only_and_are_restored(tiny_llm, monkeypatch):
-    monkeypatch.setattr("kvtier.threads.machine_threads", lambda: 2)  # the sparse path decodes on 1 of 2
+    monkeypatch.setattr("kvtier.threads.decode_threads", lambda mode: 1)  # a mode decoding on 1 thread of 2
     model = tiny_llm.model
     with torch_threads(2):
         cache = _ThreadSpy(model.config)
         measure_decode(model, cache, torch.randint(0, model.config.vocab_size, (1, 40)), new_tokens=2,
-                       prefill_chunk=32, decode_mode="sparse")
+                       prefill_chunk=32, decode_mode="offload")
         assert cache.threads == [(32, 2), (8, 2), (1, 1), (1, 1), (1, 1)]  # two prompt chunks, warm-up, 2 steps
         assert torch.get_num_threads() == 2

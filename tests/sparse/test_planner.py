@@ -8,7 +8,7 @@ import torch
 from kvtier.sparse import _chosen_values, planner
 from kvtier.sparse.hot_pool import HotPool
 from kvtier.sparse.planner import Throughputs, balanced_beta, plan_split, predicted_times
-from kvtier.threads import torch_threads
+from kvtier.threads import LAYER_STEP_THREADS, torch_threads
 
 RATES = Throughputs(host_score=8e6, storage_score=1e6, host_fetch=4e6, storage_fetch=2e5)
 
@@ -66,15 +66,18 @@ def test_calibration_is_cached_per_machine_and_refreshable(tmp_path, monkeypatch
     assert list(stored.values()) == [vars(RATES)] * 2
 
 
-def test_calibration_is_kept_per_torch_thread_count(tmp_path, monkeypatch):
-    """Host rates scale with torch's threads: a plan made for 1-thread decode must not use 2-thread rates."""
+def test_calibration_measures_on_the_layer_steps_threads_whatever_the_decodes(tmp_path, monkeypatch):
+    """Host rates scale with torch's threads: they are measured on the threads a sparse layer's step runs on."""
     monkeypatch.setattr(planner, "cache_dir", lambda: tmp_path / "cache")
     calls = []
     monkeypatch.setattr(planner, "calibrate", lambda *args, **kwargs: calls.append(torch.get_num_threads()) or RATES)
     for count in (1, 2, 1):
         with torch_threads(count):
             planner.load_or_calibrate(str(tmp_path), 2, 64, "float32", 8, "sum")
-    assert calls == [1, 2]
+            assert torch.get_num_threads() == count
+    assert calls == [LAYER_STEP_THREADS]
+    [key] = json.loads((tmp_path / "cache" / "sparse-calibration.json").read_text())
+    assert f"|threads{LAYER_STEP_THREADS}|" in key
 
 
 def test_calibrate_measures_positive_rates_with_the_real_paths(tmp_path):

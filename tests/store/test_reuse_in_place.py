@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvtier import threads as threads_module
 from kvtier.errors import ChecksumError
 from kvtier.generation import RecomputeDiverged, generate
 from kvtier.modes import KVConfig
@@ -248,8 +249,10 @@ def test_on_corrupt_fail_raises_and_keeps_the_entry(tiny_llm, document, tmp_path
     assert len(store.entries()) == 1
 
 
-def test_a_writer_killed_while_storing_the_image_leaves_a_whole_entry_or_none(tiny_llm, document, tmp_path, sparse):
-    torch.set_num_threads(1)  # the forked writer must not need the parent's thread pool
+def test_a_writer_killed_while_storing_the_image_leaves_a_whole_entry_or_none(tiny_llm, document, tmp_path, sparse,
+                                                                              monkeypatch):
+    torch.set_num_threads(1)  # the forked writer must not need the parent's thread pool, in prefill or decode
+    monkeypatch.setattr(threads_module, "machine_threads", lambda: 1)
     visible, point = [], 0
     while not visible or visible[-1][0]:  # every other file call of the cache, its image and the entry, until one
         point += 2                        # run goes past the last

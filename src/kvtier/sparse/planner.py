@@ -27,9 +27,9 @@ Units are tokens (of one layer and sequence) and tokens per second. `calibrate` 
 throughputs on this machine with the real code paths (HotPool scoring, the gather of
 the selected tokens' values, the scorer process reading O_DIRECT sketches, cold K/V record reads) and caches
 them per machine, storage device, geometry and torch thread count in
-`~/.cache/kvtier/sparse-calibration.json`; `refresh=True` measures again. The thread count is part of
-the key because the host rates scale with it and the plan is made on the first decode step, under
-the decode's threads (one fewer than the cores for `--kv sparse`: the scorer holds a core).
+`~/.cache/kvtier/sparse-calibration.json`; `refresh=True` measures again. The host rates scale with
+the thread count, so they are measured on the threads a sparse layer's step runs on
+(`kvtier.threads.LAYER_STEP_THREADS`), whatever the model's decode uses.
 The measurements behind the round trip, the skew estimate and the per-thread key: docs/decisions.md.
 """
 
@@ -57,6 +57,7 @@ from kvtier.sparse.selection import PooledSegment, weighs_in_place
 from kvtier.sparse.settings import SparseSettings
 from kvtier.sparse.sketch import SketchFormat
 from kvtier.storage import IOEngine
+from kvtier.threads import LAYER_STEP_THREADS, torch_threads
 
 log = logging.getLogger(__name__)
 CALIBRATION_TOKENS = 16384
@@ -157,17 +158,18 @@ def calibration_key(directory: str, heads: int, head_dim: int, dtype: torch.dtyp
 
 def load_or_calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bits: int, aggregation: str,
                       refresh: bool = False, block_tokens: int = SparseSettings.score_block_tokens) -> Throughputs:
-    """Cached throughputs for this machine, geometry and the current torch thread count, measuring them
-    first when missing or `refresh`. Call it under the thread count decode will use.
+    """Cached throughputs for this machine, geometry and the layer step's torch threads, measuring them first
+    when missing or `refresh`.
 
     `block_tokens`: the scorer's score-block size, which sets its per-block overhead (settings.py).
     """
     path = cache_dir() / "sparse-calibration.json"
-    key = calibration_key(directory, heads, head_dim, dtype, bits, aggregation, block_tokens)
-    cached = json.loads(path.read_text()) if path.is_file() else {}
-    if key in cached and not refresh:
-        return Throughputs(**cached[key])
-    rates = calibrate(directory, heads, head_dim, dtype, bits, aggregation, block_tokens=block_tokens)
+    with torch_threads(LAYER_STEP_THREADS):
+        key = calibration_key(directory, heads, head_dim, dtype, bits, aggregation, block_tokens)
+        cached = json.loads(path.read_text()) if path.is_file() else {}
+        if key in cached and not refresh:
+            return Throughputs(**cached[key])
+        rates = calibrate(directory, heads, head_dim, dtype, bits, aggregation, block_tokens=block_tokens)
     cached[key] = asdict(rates)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cached, indent=1))
