@@ -20,4 +20,6 @@ setup(ext_modules=[
     # the hit table's step and the migration check's idle scan: numpy's passes over every chosen and hot token cost
     # more per layer than the top-alpha's selection (sparse/hit_table.py)
     Extension("kvtier.sparse._hit_table", ["src/kvtier/sparse/hit_table.c"]),
+    # the lookahead's predicted query in one call: five torch ops cost more than the product (sparse/lookahead.py)
+    Extension("kvtier.sparse._summed_query", ["src/kvtier/sparse/summed_query.c"], depends=[AVX2_MODULE]),
 ])

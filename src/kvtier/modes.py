@@ -50,7 +50,7 @@ class KVConfig:
     sink: int = 4
     recent: int = 64
     policy: str = "hit"  # sparse migration policy
-    lookahead: bool = True  # sparse: prefetch each layer's cold candidates with its query of the step before
+    lookahead: bool = True  # sparse: prefetch the next layer's cold candidates with a predicted query
 
     def validated(self) -> "KVConfig":
         if self.kv not in KV_MODES:

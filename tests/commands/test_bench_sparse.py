@@ -36,15 +36,15 @@ def test_sparse_and_offload_side_by_side(tiny_model_dir, tmp_path, capsys):
     assert 0 < sparse["cold_selection_rate"] < 1 and sparse["scorer_host_fallbacks"] == 0
     estimates = {name for name in result["recall"] if name != "edge_mass"}
     assert estimates == {f"{agg}-{bits}" for agg in ("sum", "max") for bits in ("fp", "int8", "int4")} | {
-        "sum-int8 shortlist", "sum-int4 shortlist"} | {  # the path's own choice
-        f"{name} sum-int{bits} shortlist" for name in ("lookahead", "lookahead layers, own query,")
-        for bits in (8, 4)}  # with the query of the step before, and their own
+        "sum-int8 shortlist", "sum-int4 shortlist"} | {  # the path's own choice (no layer of two is predicted)
+        f"{name} sum-int{bits} shortlist" for name in ("step-ahead", "step-ahead layers, own query,")
+        for bits in (8, 4)}  # both layers asked for a step ahead
     assert all(0 <= result["recall"][name]["recall"] <= 1 for name in estimates)
     assert 0 < result["recall"]["edge_mass"]["recent=64"] <= result["recall"]["edge_mass"]["recent=256"] <= 1
     text = stem.with_suffix(".md").read_text()
     assert "x the decode speed of offload (median of 2 rounds" in text and "| sum-int8 |" in text
     assert "| sum-int4 shortlist |" in text and "a shortlist row is the sparse path's own choice" in text
-    assert "| lookahead sum-int4 shortlist |" in text and "the lookahead rows are every tiered layer's" in text
+    assert "| step-ahead sum-int4 shortlist |" in text and "the step-ahead rows are the first 2 tiered layers'" in text
     assert "score + fetch + migrate" in text and "2 alternating round(s)" in text
     assert "what removing all KV I/O gains on this machine" in text
     assert result["prefill"]["record_s"] > 0 and all(row["prefill_replayed"] for row in result["modes"].values())

@@ -36,8 +36,8 @@ def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -
     sparse.add_argument("--recent", type=int, default=defaults.recent, help="last tokens always attended")
     sparse.add_argument("--no-lookahead", dest="lookahead", action="store_false",
                         help="--kv sparse: score each layer's cold pool with its own query only, instead of "
-                             "prefetching its candidates with its query of the step before (done for layers with "
-                             "at least 256 cold tokens per sequence)")
+                             "prefetching its candidates with a query predicted from the previous layer (done for "
+                             "layers with at least 256 cold tokens per sequence)")
 
 
 def kv_config_from(args: argparse.Namespace) -> KVConfig:

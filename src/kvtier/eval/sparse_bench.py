@@ -14,6 +14,7 @@ import json
 import math
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from kvtier.kv.geometry import full_attention_layers, model_geometry, text_confi
 from kvtier.kv.offload import OffloadCache
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import SparseCache
+from kvtier.sparse.lookahead import QueryForecast, is_predicted
 from kvtier.sparse.planner import load_or_calibrate
 from kvtier.sparse.recall import ESTIMATES, edge_mass, estimate, exact_mass, recall_at, shortlisted
 from kvtier.sparse.settings import SparseSettings
@@ -231,20 +233,25 @@ def _rates_text(row: dict) -> str:
 
 def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
     """Recall of each importance estimate vs exact top-k, averaged over the layers of one decode step
-    after the (batch-1) prompt of `tape`. The "shortlist" rows are the path's own choice: the exact top-k among the
-    candidate margin x k tokens the sketches rank best. The "lookahead" rows are every tiered layer's at the next
-    decode step, shortlisted with the query it attended with at the step before (what the lookahead asks the scorer
-    with, kvtier.sparse.lookahead); "own query" the same layers and step with their own query."""
-    with DenseAttentionProbe(model) as probe, torch.inference_mode():
+    after the (batch-1) prompt of `tape`; "lookahead-sum-int8" ranks with the query the lookahead predicts from the
+    previous layer's input, over the layers it predicts (kvtier.sparse.lookahead). The "shortlist" rows are the
+    path's own choice: the exact top-k among the candidate margin x k tokens the sketches rank best. The "step-ahead"
+    rows are the first tiered layers' (those asked for a step ahead) at the next decode step, shortlisted with the
+    query of the step before; "own query" the same layers and step with their own query."""
+    with DenseAttentionProbe(model) as probe, _predicted_queries(model, probe) as predicted, torch.inference_mode():
         cache = make_cache(model, KVConfig(), tape.ids.shape[1] + 2)  # chunked prefill needs the causal mask
         logits = tape.prefill(model, cache)
         with probe.capturing():
             logits = model(input_ids=logits.argmax(-1, keepdim=True), cache=cache).logits[:, -1]
-        captured = _host_copies(probe.captured)
+        captured, predicted = _host_copies(probe.captured), dict(predicted)
         with probe.capturing():
             model(input_ids=logits.argmax(-1, keepdim=True), cache=cache)
         following = _host_copies(probe.captured)
     table: dict[str, list[tuple[float, float]]] = {}
+    tiered = full_attention_layers(text_config(model))
+    skip = SparseSettings().lookahead_skip
+    looked_ahead = {layer for tier, layer in enumerate(tiered[1:], start=1)
+                    if is_predicted(tier, tiered[tier - 1], layer, skip)}
     margin = SparseSettings().candidate_margin
     masses = []
     for layer, (query, keys, scaling) in captured.items():
@@ -255,11 +262,19 @@ def selection_recall(model, tape: PrefillTape, alpha: float) -> dict:
         for (aggregation, bits), importance in estimates.items():
             name = f"{aggregation}-{'fp' if bits is None else f'int{bits}'}"
             table.setdefault(name, []).append(recall_at(mass, importance, k))
+        exact = estimates["sum", None]
+        guess = predicted[layer][0, :, 0].float().cpu() if layer in looked_ahead else None
+        guessed = {} if guess is None else {bits: estimate(guess, keys, "sum", bits) for bits in SCORE_BITS}
         for bits in SCORE_BITS:
             table.setdefault(f"sum-int{bits} shortlist", []).append(
-                recall_at(mass, shortlisted(estimates["sum", bits], estimates["sum", None], k, margin), k))
-    for layer in full_attention_layers(text_config(model)):
-        _lookahead_recall(table, captured[layer][0], *following[layer], alpha, margin)
+                recall_at(mass, shortlisted(estimates["sum", bits], exact, k, margin), k))
+            if guessed:
+                table.setdefault(f"lookahead-sum-int{bits} shortlist", []).append(
+                    recall_at(mass, shortlisted(guessed[bits], exact, k, margin), k))
+        if guessed:
+            table.setdefault("lookahead-sum-int8", []).append(recall_at(mass, guessed[8], k))
+    for layer in tiered[:skip]:
+        _step_ahead_recall(table, captured[layer][0], *following[layer], alpha, margin)
     recall = {name: {"recall": float(np.mean([r for r, _ in rows])), "mass_recall": float(np.mean([m for _, m in rows]))}
               for name, rows in table.items()}
     return recall | {"edge_mass": _edge_mass(masses)}
@@ -271,16 +286,39 @@ def _host_copies(captured: dict) -> dict:
             for layer, (query, keys, scaling) in captured.items()}
 
 
-def _lookahead_recall(table: dict, query_before: torch.Tensor, query: torch.Tensor, keys: torch.Tensor,
-                      scaling: float, alpha: float, margin: float) -> None:
-    """A layer's shortlist drawn up with its query of the step before (the lookahead's), and with its own."""
+def _step_ahead_recall(table: dict, query_before: torch.Tensor, query: torch.Tensor, keys: torch.Tensor,
+                       scaling: float, alpha: float, margin: float) -> None:
+    """A layer asked for a step ahead: its shortlist drawn up with the query of the step before, and with its own."""
     mass = exact_mass(query, keys, scaling)
     k = math.ceil(alpha * len(mass))
     exact = estimate(query, keys, "sum", None)
     for bits in SCORE_BITS:
-        for name, by in (("lookahead", query_before), ("lookahead layers, own query,", query)):
+        for name, by in (("step-ahead", query_before), ("step-ahead layers, own query,", query)):
             table.setdefault(f"{name} sum-int{bits} shortlist", []).append(
                 recall_at(mass, shortlisted(estimate(by, keys, "sum", bits), exact, k, margin), k))
+
+
+@contextmanager
+def _predicted_queries(model, probe: DenseAttentionProbe):
+    """While the probe captures, each layer's decode query as the lookahead predicts it from the previous
+    layer's input: {layer: [B, Hq, 1, D]}."""
+    forecast = QueryForecast(model, model_geometry(model).num_kv_heads, summed=False)
+    predicted: dict[int, torch.Tensor] = {}
+
+    def predict_next(layer: int):
+        def hook(_module, _args, _kwargs) -> None:  # runs after the forecast's own hook captured the input
+            if probe.active and layer + 1 < len(forecast.decoders):
+                predicted[layer + 1] = forecast.predict(layer + 1)
+        return hook
+
+    hooks = [decoder.register_forward_pre_hook(predict_next(layer), with_kwargs=True)
+             for layer, decoder in enumerate(forecast.decoders)]
+    try:
+        yield predicted
+    finally:
+        for hook in hooks:
+            hook.remove()
+        forecast.close()
 
 
 def _edge_mass(masses: list[np.ndarray]) -> dict[str, float]:
@@ -342,10 +380,10 @@ def markdown(result: dict) -> str:
     if any(name.endswith("shortlist") for name in estimates):
         lines += ["", "a shortlist row is the sparse path's own choice: the exact top-k among the "
                       f"{SparseSettings().candidate_margin} x k tokens its sketches rank best"]
-    if any(name.startswith("lookahead") for name in estimates):
-        lines += ["", "the lookahead rows are every tiered layer's at the next decode step, whose candidates the path "
-                      "asks its scorer for with the query the layer attended with at the step before; the 'own query' "
-                      "rows, the same layers and step with their own query"]
+    if any(name.startswith("step-ahead") for name in estimates):
+        lines += ["", f"the step-ahead rows are the first {SparseSettings().lookahead_skip} tiered layers' at the next "
+                      "decode step, whose candidates the path asks for at the end of the step before with the query "
+                      "they attended with there; the 'own query' rows, the same layers and step with their own query"]
     edges = result["recall"].get("edge_mass")
     if edges:
         lines += ["", "attention mass on always-kept tokens (mean over layers): " +

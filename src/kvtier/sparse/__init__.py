@@ -18,11 +18,10 @@ Per decode step and layer (overlapped, not in sequence):
     who draws up and reads the shortlist:
       lookahead (default, from the third tiered layer on, for cold pools of >= 256 tokens per sequence):
           once a layer has its candidates, the scorer scores the next layer's cold pool with that
-          layer's query of the step before, then reads the best candidates' K/V and
+          layer's query predicted from this layer's input, then reads the best candidates' K/V and
           checks them (page crcs the host keeps in the shared segment) into shared memory, with
           neither the scoring nor the cold reads on the host's critical path or core;
-      the first step, small cold pools, no lookahead (the first two tiered layers are asked for at the
-          end of the step before): the
+      the layers it does not predict (the first two tiered layers, the first step, no lookahead): the
           host, from the scorer's streamed scores (kernel AIO reads submitted from a pool thread).
 
 Files (one concept each):
@@ -31,6 +30,7 @@ Files (one concept each):
     sketch_scores.c    that scoring, compiled (AVX2 where present): one call per score block
     hot_dots.c         the hot pool's q.k, compiled (AVX2): the CPU path's host scores and hot logits
     chosen_values.c    the weighted sum over the chosen hot values, compiled (AVX2), read where they lie in the pool
+    summed_query.c     the lookahead's predicted query (norm, folded product, rotation) in one compiled call
     avx2_module.h      what the AVX2 kernels share: the CPU check and their module set-up
     top_share.py       each row's top scores as ascending indices (top_share.c, compiled): the top-alpha, the
                        scorer's candidates
@@ -59,8 +59,8 @@ Files (one concept each):
     planner.py         APP: latency model, beta by eq. (4) with skew correction, calibration cache
     layer.py           SparseLayer (on kv.windowed's skeleton): hot/cold placement, the overlapped decode step,
                        migration
-    lookahead.py       the next layer's cold candidates scored (with its query of the step before) and read by
-                       the scorer while this layer computes
+    lookahead.py       the next layer's query predicted from this layer's input; its cold candidates scored and
+                       read by the scorer while this layer computes
     selection.py       the shortlist, the step's picks, attention segments (window, chosen hot, fetched cold), one
                        exact softmax
     attention.py       the attention function hand-off (registered as `kvtier_sparse_<inner>`)

@@ -1,4 +1,4 @@
-/* What the host's AVX2 + FMA kernels (hot_dots.c, chosen_values.c, candidate_dots.c) share: their
+/* What the host's AVX2 + FMA kernels (hot_dots.c, chosen_values.c, candidate_dots.c, summed_query.c) share: their
    module, created with a `vectorized` constant that says whether this CPU runs them (x86-64 with AVX2 and FMA).
    Where it is 0 the kernels refuse to run and the Python side keeps torch's ops; and the load of eight float32 or
    bfloat16 numbers their loops share, and the check of their per-sequence counts. Include after Python.h. */

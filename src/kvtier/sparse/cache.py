@@ -25,7 +25,7 @@ from kvtier.kv.geometry import model_geometry, text_config
 from kvtier.sparse import attention
 from kvtier.sparse.cold_image import ColdImage, save_image
 from kvtier.sparse.layer import SparseLayer
-from kvtier.sparse.lookahead import Lookahead
+from kvtier.sparse.lookahead import Lookahead, QueryForecast
 from kvtier.sparse.runtime import SparseRuntime
 from kvtier.sparse.settings import SparseSettings
 from kvtier.sparse.stats import SparseStats
@@ -123,8 +123,13 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
     runtime = SparseRuntime(settings, max_tokens, batch_size, heads, config.num_attention_heads, head_dim,
                             model.dtype, len(tiered_layers), storage_dir, max_hot, io_threads, image_dir, image_tokens)
     if settings.lookahead:
-        runtime.lookahead = Lookahead(settings.candidate_margin, settings.lookahead_skip, settings.lookahead_min_cold,
-                                      runtime.scorer, runtime.cold)
+        try:
+            forecast = QueryForecast(model, heads, summed=settings.aggregation == "sum")
+            runtime.lookahead = Lookahead(forecast, settings.candidate_margin, settings.lookahead_skip,
+                                          settings.lookahead_min_cold, runtime.scorer, runtime.cold)
+        except BaseException:
+            runtime.close()
+            raise
     layers = []
     for index in range(config.num_hidden_layers):
         if index in tiered_layers:

@@ -16,10 +16,10 @@ Life of a layer:
    shortlist by exact q.k is attended (selection.py), one softmax over all.
    At alpha = 1 every token is attended, so the output equals a dense cache
    up to float rounding. With lookahead (lookahead.py) the storage scorer
-   drew up the shortlist with the layer's query of the step before and read
-   it while the previous layer computed (the layer sends the next layer's
-   request before it takes its own candidates); the first layers' were asked
-   for at the end of the step before.
+   drew up the shortlist with a predicted query and read it while the
+   previous layer computed (the layer sends the next layer's predicted query
+   before it takes its own candidates); the first layers' were asked for at
+   the end of the step before, with the queries they attended with there.
    The hit table records the step and the migration policy plans its swaps
    once the choice is made.
 4. After attention, off the critical path: the migration policy swaps a
@@ -74,7 +74,7 @@ class SparseLayer(WindowedLayer):
         self._observation: torch.Tensor | None = None
         self.next_tiered: SparseLayer | None = None  # the next tiered layer of the model (lookahead.py)
         self.next_step: list[SparseLayer] = []  # on the last tiered layer: those asked for the next step's candidates
-        self.own_query: np.ndarray | None = None  # what it scored with at its last step (lookahead.py)
+        self.own_query: np.ndarray | None = None  # what such a layer scored with this step (lookahead.py)
         self.cold_picked: np.ndarray | None = None  # cold tokens each sequence chose at the last step
         self.ahead = 1  # how many layers before it its candidates are asked for (lookahead.py)
 
@@ -198,14 +198,14 @@ class SparseLayer(WindowedLayer):
         Overlapped, not in sequence: the host scores its hot pool and builds the window's logits while the
         storage scorer draws up the cold shortlist; the layer then scores the shortlist with its own query and
         chooses among hot pool and shortlist at once. With lookahead (lookahead.py) the scorer drew up the
-        shortlist with the layer's query of the step before and read it while the previous layer computed (the
-        candidates); else the host draws it up from the scorer's scores and reads it. `inner` (the model's own
-        attention) is not needed: the hot scores are the logits.
+        shortlist with a predicted query and read it while the previous layer computed (the candidates); else
+        the host draws it up from the scorer's scores and reads it. `inner` (the model's own attention) is not
+        needed: the hot scores are the logits.
         """
         runtime, step, clock = self.runtime, self.runtime.stats.current, PhaseClock()
         lookahead = runtime.lookahead
         if lookahead is not None and lookahead.in_flight[:1] == (self.tier,):
-            self._look_ahead()  # the next layers' requests, queued behind this layer's candidates
+            self._look_ahead()  # the next layers' predicted queries, queued behind this layer's candidates
         clock.lap("look ahead")
         candidates = lookahead.take(self.tier) if lookahead is not None else None
         clock.lap("take")
@@ -217,10 +217,10 @@ class SparseLayer(WindowedLayer):
         clock.lap("settle")
         cold_count = int(runtime.cold.used[self.tier])
         grouped = runtime.grouped_query(query)
-        if lookahead is not None or (not prefetched and cold_count):
+        if self.asked_a_step_ahead or (not prefetched and cold_count):
             own_query = runtime.score_query(grouped).numpy()
-            if lookahead is not None:
-                self.own_query = own_query  # asked for with it at the next step
+            if self.asked_a_step_ahead:
+                self.own_query = own_query
             if not prefetched and cold_count:
                 runtime.scorer.request(self.tier, own_query, cold_count)
         hot_dots, hot_scores = self.hot.scores(grouped, runtime.settings.aggregation)
@@ -272,9 +272,9 @@ class SparseLayer(WindowedLayer):
         return output, None
 
     def _look_ahead(self) -> None:
-        """Start scoring and reading the next tiered layers' cold candidates with their queries of the step before: the
-        next one, and those up to the farthest layer within MAX_AHEAD that asks to be asked for that far (`ahead`), so
-        that the requests stay in layer order. A layer is asked for if it follows its predecessor directly, its cold
+        """Start scoring and reading the next tiered layers' cold candidates with their predicted queries: the next
+        one, and those up to the farthest layer within MAX_AHEAD that asks to be predicted that far (`ahead`), so
+        that the requests stay in layer order. A layer is predicted if it follows its predecessor directly, its cold
         pool is large enough and it chose cold tokens before (its count sizes the candidates)."""
         if self.runtime.lookahead is None:
             return
@@ -293,12 +293,13 @@ class SparseLayer(WindowedLayer):
             before = target
 
     def _predict(self, target: SparseLayer, before: SparseLayer) -> bool:
-        """Ask for `target`'s candidates (directly after `before`); whether they are in flight."""
+        """Ask for `target`'s candidates (directly after `before`) from the last captured hidden state; whether they
+        are in flight."""
         lookahead = self.runtime.lookahead
         if target.tier not in lookahead.in_flight and not lookahead.wants(target.tier, before.layer_idx,
                                                                           target.layer_idx):
             return False
-        return self._ask_for(target)
+        return self._ask_for(target, lambda: lookahead.forecast.score_query(target.layer_idx).numpy())
 
     @property
     def asked_a_step_ahead(self) -> bool:
@@ -307,15 +308,15 @@ class SparseLayer(WindowedLayer):
 
     def _ask_for_next_step(self) -> None:
         """Start scoring and reading the first tiered layers' candidates for the next step with the queries they
-        attended with at this one (those layers are not asked for by a layer before them); in layer order."""
+        attended with at this one (those layers are not predicted from a layer before them); in layer order."""
         for target in self.next_step:
-            if not self._ask_for(target, next_step=True):
+            if not self._ask_for(target, lambda target=target: target.own_query, next_step=True):
                 return
 
-    def _ask_for(self, target: SparseLayer, next_step: bool = False) -> bool:
-        """Ask the scorer for `target`'s candidates under its query of the last step it attended unless they are in
-        flight; whether they are. Not for a layer that has chosen no cold tokens yet (its last picks size the
-        candidates; it has its query from the same step) or whose cold pool is too small to be worth it."""
+    def _ask_for(self, target: SparseLayer, query: Callable[[], np.ndarray], next_step: bool = False) -> bool:
+        """Ask the scorer for `target`'s candidates under `query()` unless they are in flight; whether they are. Not
+        for a layer that has chosen no cold tokens yet (its last picks size the candidates) or whose cold pool is too
+        small to be worth it."""
         lookahead = self.runtime.lookahead
         if target.tier in lookahead.in_flight:
             return True
@@ -327,7 +328,7 @@ class SparseLayer(WindowedLayer):
         if not lookahead.worth(cold_tokens):
             return False
         counts = lookahead.candidate_counts(target.cold_picked, cold_tokens, target.candidates_needed(cold_tokens))
-        lookahead.start(target.tier, target.own_query, cold_tokens, counts, next_step)
+        lookahead.start(target.tier, query(), cold_tokens, counts, next_step)
         return True
 
     def candidates_needed(self, cold_tokens: int) -> int:

@@ -1,58 +1,196 @@
-"""Lookahead: a layer's cold candidates are scored and read before it attends, while the layers before it compute.
+"""Lookahead: the next layer's cold candidates are scored and read while this layer computes.
 
-A layer asks for its candidates with the query it attended with at the step
-before (what a layer chose at one step it mostly chooses at the next: the hit
-table's observation). As layer l starts attending (before it takes its own
-candidates), it sends layer l+1's query of the step before to the storage
-scorer, which scores layer l+1's cold pool with it once it is done with layer
-l's request (or while layer l's candidate reads are on the disk), then reads
-layer l+1's top candidates' full-precision K/V and checks them
-(candidate_reads.py), all while layer l computes. By the time layer l+1
-attends they are usually waiting in shared memory: neither the scoring nor
-the cold reads sit on the host's critical path, nor on its core.
+Consecutive layers' attention inputs are similar (InfiniGen's observation), so
+layer l+1's decode query is predicted from the hidden state entering layer l:
+q' = rope(Wq[l+1] norm[l+1](h_l)). As layer l starts attending (before it
+takes its own candidates), it sends q' to the storage scorer, which scores
+layer l+1's cold pool with it once it is done with layer l's request (or
+while layer l's candidate reads are on the disk), then reads layer l+1's top
+candidates' full-precision K/V and checks them (candidate_reads.py), all
+while layer l computes. By the time layer l+1 attends they are usually
+waiting in shared memory: neither the scoring nor the cold reads sit on the
+host's critical path, nor on its core.
 
 A layer whose candidates came late (its step waited for them) is asked for
-one layer earlier from then on, up to three layers ahead (SparseLayer's
-`ahead`): the scorer's and the disk's time per layer is uneven, a few layers
-read far more candidates than the rest, and an earlier request spreads their
-reads over the layers before them.
+one layer earlier from then on, up to three layers ahead, its query then
+predicted from that earlier layer's input (SparseLayer's `ahead`): the
+scorer's and the disk's time per layer is uneven, a few layers read far more
+candidates than the rest, and an earlier request spreads their reads over
+the layers before them.
 
-The query of the step before only chooses *candidates*, per sequence `margin`
-x the cold tokens it chose in the layer last step (selection.candidate_counts):
-the layer scores them with its own query on their full-precision keys, and
-its top-alpha over hot pool and candidates is exact for every token it
-considers, as a layer's over the shortlist it draws up itself (selection.py). A cold
-token the step before's query ranks below the candidates is missed;
-docs/decisions.md has the recall (as good as predicting the query from the
-layer before's input, which this replaced).
+The prediction only chooses *candidates*, per sequence `margin` x the cold
+tokens it chose in the layer last step (selection.candidate_counts): layer
+l+1 scores them with its true query on their full-precision keys, and its
+top-alpha over hot pool and candidates is exact for every token it considers,
+as an unpredicted layer's over its shortlist (selection.py). A cold token the
+prediction ranks below the candidates is missed; docs/decisions.md has the
+recall.
 
-Only layers that directly follow a tiered layer are asked for a layer ahead
-(Gemma 3's full layers are five sliding layers apart), not layers whose cold
-pool is under `min_cold` tokens per sequence (there the choice among
-candidates costs about what it hides), and not the first `skip` tiered
-layers: those are asked for a step ahead instead. As the last tiered layer
-starts attending, the scorer is sent their queries of the step now ending,
-and it reads their candidates while the model finishes the step and begins
-the next. A step that begins with anything else in flight (the one before
-ended midway) drops it all (`open_step`).
+Only layers that directly follow a tiered layer are predicted (Gemma 3's full
+layers are five sliding layers apart), not the first `skip` tiered layers,
+whose inputs change most from layer to layer, and not layers whose cold pool
+is under `min_cold` tokens per sequence: there the prediction and the choice
+among candidates cost about what they hide.
+
+The first `skip` tiered layers are asked for a step ahead instead: as the last
+tiered layer starts attending, the scorer is sent their queries of the step
+now ending, and it reads their candidates while the model finishes the step
+and begins the next (the hit table's observation: what a layer chose at one
+step it mostly chooses at the next). A step that begins with anything else in
+flight (the one before ended midway) drops it all (`open_step`).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from kvtier.sparse import _summed_query
 from kvtier.sparse.cold_pool import Fetched
 from kvtier.sparse.selection import MIN_CANDIDATES, candidate_counts
 
 
+class QueryForecast:
+    """Captures each decoder layer's input hidden state and predicts the next layer's decode query from it."""
+
+    def __init__(self, model, kv_heads: int, summed: bool) -> None:
+        """`summed`: predict what the "sum" aggregation scores with, each KV head's group of queries summed."""
+        self.decoders = list(model.get_decoder().layers)
+        self.kv_heads, self.summed = kv_heads, summed
+        self.hidden: torch.Tensor | None = None
+        self.rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._folded_projections: dict[int, FoldedProjection | None] = {}
+        self._rotation: torch.Tensor | None = None  # the step's rotary as the folded query takes it
+        self._rotation_of: tuple[torch.Tensor, torch.Tensor] | None = None  # the rotary it was made from
+        self._hooks = [decoder.register_forward_pre_hook(self._capture, with_kwargs=True) for decoder in self.decoders]
+
+    def _capture(self, _module, args, kwargs) -> None:
+        self.hidden = args[0] if args else kwargs["hidden_states"]
+        self.rotary = kwargs.get("position_embeddings")
+
+    def score_query(self, layer_idx: int) -> torch.Tensor:
+        """What the scorer scores layer `layer_idx` with, float32 [B, Hkv, Q, D] (SparseRuntime.score_query's
+        form), predicted from the last captured hidden state."""
+        folded = self._folded(layer_idx) if self.summed else None
+        if folded is not None:
+            return folded.summed_query(self.hidden.select(1, -1), self._float_rotation())
+        with torch.no_grad():
+            query = self.predict(layer_idx).float()
+            grouped = query.view(len(query), self.kv_heads, -1, query.shape[-1])
+            return grouped.sum(dim=2, keepdim=True) if self.summed else grouped
+
+    def predict(self, layer_idx: int) -> torch.Tensor:
+        """Layer `layer_idx`'s decode query [B, Hq, 1, D], predicted from the last captured hidden state."""
+        attention = self.decoders[layer_idx].self_attn
+        with torch.no_grad():
+            hidden = self._normed(layer_idx)
+            query = attention.q_proj(hidden).view(len(hidden), -1, 1, attention.head_dim)
+            if hasattr(attention, "q_norm"):
+                query = attention.q_norm(query)
+            return self._rotated(query)
+
+    def _normed(self, layer_idx: int) -> torch.Tensor:
+        return self.decoders[layer_idx].input_layernorm(self.hidden[:, -1])
+
+    def _rotated(self, query: torch.Tensor) -> torch.Tensor:
+        """transformers' rotary embedding (apply_rotary_pos_emb) of a query [B, H, 1, D] at the current position."""
+        cos, sin = (part[:, None, -1:] for part in self.rotary)
+        return query * cos + _rotated_half(query) * sin
+
+    def _float_rotation(self) -> torch.Tensor:
+        """The step's rotary at the current position as FoldedProjection.summed_query takes it, made once per step."""
+        if self._rotation_of is not self.rotary:
+            cos, sin = (part[:, -1:].float() for part in self.rotary)
+            half = sin.shape[-1] // 2
+            signed_sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+            self._rotation = torch.stack([cos, signed_sin], dim=1)[:, :, None]
+            self._rotation_of = self.rotary
+        return self._rotation
+
+    def _folded(self, layer_idx: int) -> FoldedProjection | None:
+        if layer_idx not in self._folded_projections:
+            decoder = self.decoders[layer_idx]
+            with torch.no_grad():
+                self._folded_projections[layer_idx] = FoldedProjection.of(decoder.input_layernorm, decoder.self_attn,
+                                                                           self.kv_heads)
+        return self._folded_projections[layer_idx]
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self._folded_projections = {}
+
+
+@dataclass
+class FoldedProjection:
+    """One layer's summed query, predicted in one product: the rows of each KV head's group of query projections
+    summed (rotation is linear and the same for every head, so this gives the sum of the rotated queries at a G-th of
+    the cost) and the input norm's gain folded into them, float32. The model's own path is a dozen small ops per layer
+    and step, where this is a handful."""
+
+    weight: torch.Tensor  # [Hkv * D, hidden]
+    bias: torch.Tensor | None
+    epsilon: float
+    kv_heads: int
+
+    @classmethod
+    def of(cls, norm, attention, kv_heads: int) -> FoldedProjection | None:
+        """The folded form of `attention`'s query after `norm`, or None where it does not reproduce them: a
+        norm that is not weight x RMS-normalized input (Gemma's 1 + weight), or a query norm after the projection."""
+        epsilon = getattr(norm, "variance_epsilon", None)
+        if hasattr(attention, "q_norm") or epsilon is None or getattr(norm, "weight", None) is None:
+            return None
+        projection, head_dim = attention.q_proj, attention.head_dim
+        summed = projection.weight.float().view(kv_heads, -1, head_dim, projection.in_features).sum(dim=1)
+        bias = None if projection.bias is None else projection.bias.float().view(kv_heads, -1, head_dim).sum(dim=1)
+        folded = cls((summed * norm.weight.float()).reshape(-1, projection.in_features),
+                     None if bias is None else bias.reshape(-1), float(epsilon), kv_heads)
+        return folded if folded._matches(norm) else None
+
+    def summed_query(self, hidden: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, 1, D] float32 from the hidden state [B, hidden] and the step's rotary as float32 [B or 1, 2, 1, 1,
+        D] (cos, and sin with its first half negated): q x cos + rotate_half(q) x sin, rotate_half(q) being q with its
+        halves swapped and the first negated. On an x86-64 CPU one compiled call (summed_query.c), else torch's ops."""
+        if _summed_query.vectorized and self.weight.device.type == "cpu":
+            return self._compiled(hidden, rotation)
+        normed = torch.nn.functional.rms_norm(hidden.float(), hidden.shape[-1:], eps=self.epsilon)
+        query = torch.nn.functional.linear(normed, self.weight, self.bias).view(len(hidden), self.kv_heads, 1, -1)
+        return torch.addcmul(query * rotation[:, 0], query.roll(query.shape[-1] // 2, dims=-1), rotation[:, 1])
+
+    def _compiled(self, hidden: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        batch, head_dim = len(hidden), rotation.shape[-1]
+        query = np.empty((batch, self.kv_heads, 1, head_dim), dtype=np.float32)
+        bias = b"" if self.bias is None else self.bias.numpy()
+        _summed_query.summed_query(hidden.detach().float().contiguous().numpy(), self.weight.numpy(), bias,
+                                   rotation.contiguous().numpy(), query, batch, hidden.shape[-1], len(self.weight),
+                                   head_dim, self.epsilon)
+        return torch.from_numpy(query)
+
+    def _matches(self, norm) -> bool:
+        """Whether `norm` is weight x the RMS-normalized input, what the fold assumes (checked on one probe)."""
+        probe = torch.randn(2, norm.weight.shape[0], generator=torch.Generator().manual_seed(0)).to(norm.weight.device)
+        ours = norm.weight.float() * torch.nn.functional.rms_norm(probe, probe.shape[-1:], eps=self.epsilon)
+        theirs = norm(probe.to(norm.weight.dtype)).float()
+        return torch.allclose(theirs, ours, rtol=2e-2, atol=1e-3)
+
+
+def _rotated_half(query: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate_half: [-second half, first half] of the last dimension."""
+    first, second = query.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
 class Lookahead:
-    """The layers ahead: their requests at the scorer, which scores them and reads candidates in order.
+    """The layers ahead: their predicted queries at the scorer, which scores them and reads candidates in order.
     Layer l + 1's request goes out as layer l starts attending, while the scorer may still read layer l's."""
 
-    def __init__(self, margin: float, skip: int, min_cold: int, scorer, cold) -> None:
+    def __init__(self, forecast: QueryForecast, margin: float, skip: int, min_cold: int, scorer, cold) -> None:
+        self.forecast = forecast
         self.margin, self.skip, self.min_cold = margin, skip, min_cold
         self.scorer, self.cold = scorer, cold
         self._tiers: deque[int] = deque()  # the layers ahead, oldest first, while the scorer works on them
@@ -68,19 +206,18 @@ class Lookahead:
         return is_predicted(next_tier, layer_idx, next_layer_idx, self.skip)
 
     def worth(self, cold_tokens: int) -> bool:
-        """Whether a layer with `cold_tokens` cold tokens per sequence is large enough to ask for ahead."""
+        """Whether a layer with `cold_tokens` cold tokens per sequence is large enough to predict."""
         return cold_tokens >= self.min_cold
 
     def candidate_counts(self, cold_picked: np.ndarray, cold_tokens: int, least: int) -> np.ndarray:
         """Candidates per sequence: `margin` x its last cold picks, at least MIN_CANDIDATES and `least`."""
         return candidate_counts(self.margin, cold_picked, cold_tokens, least)
 
-    def start(self, tier: int, query: np.ndarray, cold_tokens: int, counts: np.ndarray,
+    def start(self, tier: int, predicted: np.ndarray, cold_tokens: int, counts: np.ndarray,
               next_step: bool = False) -> None:
-        """Ask the scorer for tier `tier`'s best `counts` candidates under `query` (the layer's of the step before),
-        after the requests it has in hand; the layer's writes must be settled. `next_step`: asked for the next decode
-        step."""
-        self.scorer.request(tier, query, cold_tokens, counts)
+        """Ask the scorer for tier `tier`'s best `counts` candidates under the predicted query, after the requests it
+        has in hand; the layer's writes must be settled. `next_step`: asked for the next decode step."""
+        self.scorer.request(tier, predicted, cold_tokens, counts)
         self._tiers.append(tier)
         if next_step:
             self._for_next_step.append(tier)
@@ -109,7 +246,10 @@ class Lookahead:
         self._for_next_step = []
 
     def close(self) -> None:
-        self.drain()  # the scorer must not still read when the pool closes
+        try:
+            self.drain()  # the scorer must not still read when the pool closes
+        finally:
+            self.forecast.close()
 
 
 def candidate_capacity(alpha: float, margin: float, max_tokens: int) -> int:
@@ -119,5 +259,5 @@ def candidate_capacity(alpha: float, margin: float, max_tokens: int) -> int:
 
 
 def is_predicted(next_tier: int, layer_idx: int, next_layer_idx: int, skip: int) -> bool:
-    """Whether tier `next_tier` (model layer `next_layer_idx`) is asked for by layer `layer_idx`, a layer ahead."""
+    """Whether tier `next_tier` (model layer `next_layer_idx`) is predicted from layer `layer_idx`'s input."""
     return next_layer_idx == layer_idx + 1 and next_tier >= skip

@@ -36,10 +36,10 @@ class SparseSettings:
     # Cold tokens are chosen by exact q.k from a shortlist the sketches draw up (selection.py): `candidate_margin`
     # x the cold tokens the sketch scores would pick, or, with the lookahead, x the layer's last cold picks.
     candidate_margin: float = 1.5
-    # Lookahead (lookahead.py): score and read a layer's cold candidates, with the query it attended with at the
-    # step before, while the layers before it compute; the first `lookahead_skip` tiered layers are asked for at
-    # the end of the step before instead; neither is done for layers with fewer than `lookahead_min_cold` cold
-    # tokens per sequence (there it costs about what it hides).
+    # Lookahead (lookahead.py): score and read a layer's cold candidates with its query predicted from the
+    # previous layer's input; the first `lookahead_skip` tiered layers are not predicted but asked for a step
+    # ahead, with the query they attended with at the step before; neither is done for layers with fewer than
+    # `lookahead_min_cold` cold tokens per sequence (there it costs about what it hides).
     # Measured choices: docs/decisions.md.
     lookahead: bool = True
     lookahead_skip: int = 2

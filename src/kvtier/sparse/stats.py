@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 PARTS = ("score_s", "fetch_s", "attention_s", "migrate_s")
 # The phases of a layer's decode step (SparseLayer.attend, in its order) and the part each is charged to.
 PHASE_PARTS = {
-    "look ahead": "score_s",  # the next layers' requests sent to the scorer (lookahead)
+    "look ahead": "score_s",  # the next layer's predicted query sent to the scorer (lookahead)
     "take": "fetch_s",  # the wait for the candidates read ahead (lookahead)
     "settle": "migrate_s",  # the wait for last step's writes of this layer
     "hot scores": "score_s",  # the request to the scorer, the hot pool's q.k
@@ -56,7 +56,7 @@ class StepStats:
     cold_bytes_fetched: int = 0  # the K/V fetch's reads (whole read units, bridged gaps included)
     promotions: int = 0
     demotions: int = 0
-    lookahead_layers: int = 0  # layers whose cold candidates were prefetched (lookahead)
+    lookahead_layers: int = 0  # layers whose cold candidates were prefetched with a predicted query
     unpredicted_fetch_s: float = 0.0  # the part of fetch_s spent in the other layers (their reads on the critical path)
 
 
