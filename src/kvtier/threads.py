@@ -10,11 +10,12 @@ model's matrix products) shares the scorer's core under SCHED_IDLE, so the score
 moment it has work and it uses the core only while the scorer waits; the other helpers stay off
 that core. A helper at normal priority there starves the scorer, one thread fewer leaves most of
 that core idle, and an unpinned idle helper may land beside the decoding thread, which then spins
-waiting for it (docs/decisions.md has the measurements). The sparse layer's own step runs on `LAYER_STEP_THREADS` (one; set around it
-in kvtier.sparse.attention): its products are small, and a helper preempted by the scorer would
-hold up the whole op. Every other mode has no scorer and decodes on every core at normal priority.
-`kvtier generate` and the benchmarks decode under `decoding`; the sparse path's APP calibration
-measures its host rates on the layer step's threads (kvtier.sparse.planner).
+waiting for it (docs/decisions.md has the measurements). The sparse layer's own step runs on
+`LAYER_STEP_THREADS` (one; set around it in kvtier.sparse.attention): its products are small, and
+a helper preempted by the scorer would hold up the whole op. Every other mode has no scorer and
+decodes on every core at normal priority. `kvtier generate` and the benchmarks decode under
+`decoding`; the sparse path's APP calibration measures its host rates on the layer step's threads
+(kvtier.sparse.planner).
 """
 
 from __future__ import annotations
@@ -62,14 +63,14 @@ def decoding(mode: str | None):
     if mode is None:
         yield
         return
-    with torch_threads(decode_threads(mode)), _off_scorer_core(mode), _yielding_helpers(mode):
+    core = scorer_core() if _has_scorer(mode) else None
+    with torch_threads(decode_threads(mode)), _off_scorer_core(core), _yielding_helpers(core):
         yield
 
 
 @contextmanager
-def _off_scorer_core(mode: str):
-    """For a scorer mode, keep the calling thread (and threads it starts) off `scorer_core()`."""
-    core = scorer_core() if _has_scorer(mode) else None
+def _off_scorer_core(core: int | None):
+    """Keep the calling thread (and threads it starts) off the scorer's `core` (None: no scorer, nothing to do)."""
     if core is None:
         yield
         return
@@ -86,10 +87,9 @@ def _off_scorer_core(mode: str):
 
 
 @contextmanager
-def _yielding_helpers(mode: str):
-    """For a scorer mode on several cores, one of torch's helper threads shares the scorer's core under SCHED_IDLE
-    and the others stay off it (with the decoding thread); afterwards each runs where and as it did."""
-    core = scorer_core() if _has_scorer(mode) else None
+def _yielding_helpers(core: int | None):
+    """With a scorer on `core`, one of torch's helper threads shares it under SCHED_IDLE and the others stay off it
+    (with the decoding thread); afterwards each runs where and as it did."""
     helpers = sorted(torch_helpers()) if core is not None and torch.get_num_threads() > 1 else []
     if not helpers:
         yield
@@ -156,7 +156,8 @@ def describe_threads(recorded: dict | int) -> str:
     """`thread_settings()` as text; an int is a result from before threads were set per phase (one for all)."""
     if isinstance(recorded, int):
         return f"{recorded} (prefill and decode, every mode)"
-    text = f"prefill {recorded['prefill']}; decode " + ", ".join(f"{mode} {n}" for mode, n in recorded["decode"].items())
+    decode = ", ".join(f"{mode} {n}" for mode, n in recorded["decode"].items())
+    text = f"prefill {recorded['prefill']}; decode {decode}"
     if recorded.get("helpers_yield_to_scorer"):
         text += f"; {', '.join(sorted(SCORER_MODES))}: torch's helper threads yield to the scorer (SCHED_IDLE)"
     return text
