@@ -11,7 +11,8 @@ setup(ext_modules=[
     Extension("kvtier.sparse._sketch_scores", ["src/kvtier/sparse/sketch_scores.c"]),
     # the hot pool's q.k from its bfloat16 keys in one pass: torch converted the whole pool first (sparse/hot_pool.py)
     Extension("kvtier.sparse._hot_dots", ["src/kvtier/sparse/hot_dots.c"], depends=[AVX2_MODULE]),
-    # the chosen hot values' weighted sum read in place: copying them out first cost more than the product (sparse/selection.py)
+    # the decode step's softmax and weighted sums in one call, the chosen values read in place: copying them out first
+    # cost more than the product, and torch's dozen small ops per layer more than their arithmetic (sparse/selection.py)
     Extension("kvtier.sparse._chosen_values", ["src/kvtier/sparse/chosen_values.c"], depends=[AVX2_MODULE]),
     # the cold candidates' q.k and importance read where their records landed: four torch ops cost more (sparse/selection.py)
     Extension("kvtier.sparse._candidate_dots", ["src/kvtier/sparse/candidate_dots.c"], depends=[AVX2_MODULE]),

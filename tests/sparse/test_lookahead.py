@@ -29,7 +29,7 @@ def _predicted_and_real(model, monkeypatch) -> tuple[list[torch.Tensor], torch.T
         with torch.inference_mode():
             model(input_ids=torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(11)))
             last = len(forecasts[0].decoders) - 1  # the hooks' last capture: the last layer's input
-            predicted = [forecast.score_query(last) for forecast in forecasts]
+            predicted = [torch.from_numpy(forecast.score_query(last)) for forecast in forecasts]
             folded = forecasts[1]._folded(last) is not None
     finally:
         for forecast in forecasts:

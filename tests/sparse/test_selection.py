@@ -29,7 +29,29 @@ def _segment(query, keys, values, first):
     return Segment(torch.matmul(grouped, keys.transpose(2, 3)), values, positions)
 
 
-def test_attention_over_segments_equals_the_softmax_over_all_their_tokens():
+@pytest.fixture(params=["torch", pytest.param("compiled", marks=pytest.mark.skipif(
+    not _chosen_values.vectorized, reason="needs AVX2 and FMA"))])
+def attention_path(request, monkeypatch):
+    """exact_attention through torch's ops, or the compiled call (chosen_values.attend) where it reads every segment."""
+    if request.param == "torch":
+        monkeypatch.setattr(selection, "compiled_sources", lambda segments: None)
+    else:
+        monkeypatch.setattr(selection, "_attended", _counted(selection._attended))
+    yield request.param
+    if request.param == "compiled":
+        assert selection._attended.calls, "the compiled call never ran"
+
+
+def _counted(function):
+    def counted(*args, **kwargs):
+        counted.calls += 1
+        return function(*args, **kwargs)
+
+    counted.calls = 0
+    return counted
+
+
+def test_attention_over_segments_equals_the_softmax_over_all_their_tokens(attention_path):
     gen = torch.Generator().manual_seed(0)
     query = torch.randn(B, HKV * G, 1, D, generator=gen)
     keys, values = torch.randn(B, HKV, 30, D, generator=gen), torch.randn(B, HKV, 30, D, generator=gen)
@@ -120,7 +142,8 @@ def test_the_candidates_padding_is_never_among_the_top_and_weighs_nothing(compil
     False,
     pytest.param(True, marks=pytest.mark.skipif(not _chosen_values.vectorized, reason="needs AVX2 and FMA")),
 ])
-def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed, hot_picks, cold_picks, in_place):
+def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed, hot_picks, cold_picks, in_place,
+                                                                           attention_path):
     """Hot and cold counts differ between the sequences (padded) or not; the chosen values copied out or read where
     they lie: in the hot pool, and among the candidates' records (the unchosen masked, the stale rows past a
     sequence's own never read)."""

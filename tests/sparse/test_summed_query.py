@@ -30,7 +30,7 @@ def test_the_compiled_query_is_torchs_within_float_rounding(monkeypatch, batch, 
     monkeypatch.setattr(_summed_query, "vectorized", 0)  # the same call through torch's ops
     reference = projection.summed_query(hidden, rotation)
     assert compiled.shape == reference.shape == (batch, 2, 1, 16)
-    torch.testing.assert_close(compiled, reference.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled, reference, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("change, message", [

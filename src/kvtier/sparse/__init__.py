@@ -29,7 +29,8 @@ Files (one concept each):
     sketch.py          INT8/INT4 key sketches with per-group scales; raw inner-product scoring from the codes
     sketch_scores.c    that scoring, compiled (AVX2 where present): one call per score block
     hot_dots.c         the hot pool's q.k, compiled (AVX2): the CPU path's host scores and hot logits
-    chosen_values.c    the weighted sum over the chosen hot values, compiled (AVX2), read where they lie in the pool
+    chosen_values.c    a decode step's softmax over window, chosen hot and candidates and its weighted sums, compiled (AVX2),
+                       the values read where they lie
     summed_query.c     the lookahead's predicted query (norm, folded product, rotation) in one compiled call
     avx2_module.h      what the AVX2 kernels share: the CPU check and their module set-up
     top_share.py       each row's top scores as ascending indices (top_share.c, compiled): the top-alpha, the

@@ -141,4 +141,6 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
         layer.next_tiered = after
     if runtime.lookahead is not None:
         tiers[-1].next_step = tiers[: runtime.lookahead.skip]
+        runtime.lookahead.forecast.prepare([layer.layer_idx for before, layer in zip(tiers, tiers[1:])
+                                            if runtime.lookahead.wants(layer.tier, before.layer_idx, layer.layer_idx)])
     return SparseCache(layers, runtime, tiered_layers)

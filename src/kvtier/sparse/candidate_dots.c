@@ -10,7 +10,8 @@
    token's importance (summed or max over all query heads, hot_pool.importance)
    is reduced on the way. Rows past a sequence's count are padding whatever they
    hold: their dots and importance are -inf, so they are never chosen and never
-   read. x86-64 with AVX2 and FMA only (`vectorized`); elsewhere the layer keeps
+   read. The device window's logits take the same pass (selection.window_segment).
+   x86-64 with AVX2 and FMA only (`vectorized`); elsewhere the layer keeps
    torch's ops. The GIL is released while it runs. */
 
 #define PY_SSIZE_T_CLEAN

@@ -299,7 +299,7 @@ class SparseLayer(WindowedLayer):
         if target.tier not in lookahead.in_flight and not lookahead.wants(target.tier, before.layer_idx,
                                                                           target.layer_idx):
             return False
-        return self._ask_for(target, lambda: lookahead.forecast.score_query(target.layer_idx).numpy())
+        return self._ask_for(target, lambda: lookahead.forecast.score_query(target.layer_idx))
 
     @property
     def asked_a_step_ahead(self) -> bool:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -72,7 +73,7 @@ class QueryForecast:
         self.hidden = args[0] if args else kwargs["hidden_states"]
         self.rotary = kwargs.get("position_embeddings")
 
-    def score_query(self, layer_idx: int) -> torch.Tensor:
+    def score_query(self, layer_idx: int) -> np.ndarray:
         """What the scorer scores layer `layer_idx` with, float32 [B, Hkv, Q, D] (SparseRuntime.score_query's
         form), predicted from the last captured hidden state."""
         folded = self._folded(layer_idx) if self.summed else None
@@ -81,7 +82,7 @@ class QueryForecast:
         with torch.no_grad():
             query = self.predict(layer_idx).float()
             grouped = query.view(len(query), self.kv_heads, -1, query.shape[-1])
-            return grouped.sum(dim=2, keepdim=True) if self.summed else grouped
+            return (grouped.sum(dim=2, keepdim=True) if self.summed else grouped).numpy()
 
     def predict(self, layer_idx: int) -> torch.Tensor:
         """Layer `layer_idx`'s decode query [B, Hq, 1, D], predicted from the last captured hidden state."""
@@ -110,6 +111,13 @@ class QueryForecast:
             self._rotation = torch.stack([cos, signed_sin], dim=1)[:, :, None]
             self._rotation_of = self.rotary
         return self._rotation
+
+    def prepare(self, layer_indices: list[int]) -> None:
+        """Fold the projections of the layers to be predicted now, not in the decode step that first predicts them
+        (a few hundred microseconds a layer)."""
+        if self.summed:
+            for layer_idx in layer_indices:
+                self._folded(layer_idx)
 
     def _folded(self, layer_idx: int) -> FoldedProjection | None:
         if layer_idx not in self._folded_projections:
@@ -152,7 +160,7 @@ class FoldedProjection:
                      None if bias is None else bias.reshape(-1), float(epsilon), kv_heads)
         return folded if folded._matches(norm) else None
 
-    def summed_query(self, hidden: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    def summed_query(self, hidden: torch.Tensor, rotation: torch.Tensor) -> np.ndarray:
         """[B, Hkv, 1, D] float32 from the hidden state [B, hidden] and the step's rotary as float32 [B or 1, 2, 1, 1,
         D] (cos, and sin with its first half negated): q x cos + rotate_half(q) x sin, rotate_half(q) being q with its
         halves swapped and the first negated. On an x86-64 CPU one compiled call (summed_query.c), else torch's ops."""
@@ -160,16 +168,22 @@ class FoldedProjection:
             return self._compiled(hidden, rotation)
         normed = torch.nn.functional.rms_norm(hidden.float(), hidden.shape[-1:], eps=self.epsilon)
         query = torch.nn.functional.linear(normed, self.weight, self.bias).view(len(hidden), self.kv_heads, 1, -1)
-        return torch.addcmul(query * rotation[:, 0], query.roll(query.shape[-1] // 2, dims=-1), rotation[:, 1])
+        rotated = torch.addcmul(query * rotation[:, 0], query.roll(query.shape[-1] // 2, dims=-1), rotation[:, 1])
+        return rotated.detach().numpy()
 
-    def _compiled(self, hidden: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    def _compiled(self, hidden: torch.Tensor, rotation: torch.Tensor) -> np.ndarray:
         batch, head_dim = len(hidden), rotation.shape[-1]
         query = np.empty((batch, self.kv_heads, 1, head_dim), dtype=np.float32)
-        bias = b"" if self.bias is None else self.bias.numpy()
-        _summed_query.summed_query(hidden.detach().float().contiguous().numpy(), self.weight.numpy(), bias,
-                                   rotation.contiguous().numpy(), query, batch, hidden.shape[-1], len(self.weight),
+        weight, bias = self._arrays
+        _summed_query.summed_query(hidden.detach().float().contiguous().numpy(), weight, bias,
+                                   rotation.contiguous().numpy(), query, batch, hidden.shape[-1], len(weight),
                                    head_dim, self.epsilon)
-        return torch.from_numpy(query)
+        return query
+
+    @cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray | bytes]:
+        """The weight and bias as the compiled call takes them (no bias: empty), made once."""
+        return self.weight.numpy(), b"" if self.bias is None else self.bias.numpy()
 
     def _matches(self, norm) -> bool:
         """Whether `norm` is weight x the RMS-normalized input, what the fold assumes (checked on one probe)."""

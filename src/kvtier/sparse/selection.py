@@ -140,6 +140,17 @@ class Segment:
         """sum_j w_j v_j [B, Hkv, G, D] float32, the weights of this segment's tokens being `weights`' [..., start:]."""
         return torch.matmul(weights[..., start : start + self.width], self.values.float())
 
+    def source(self) -> tuple | None:
+        """This segment as chosen_values.attend takes a source (every row chosen), or None where it cannot."""
+        if not self._compiled():
+            return None
+        return (self.logits.numpy(), self.width, *_rows_buffer(self.values), self.values.element_size(),
+                self.values.shape[2], b"", b"")
+
+    def _compiled(self) -> bool:
+        return (weighs_in_place(self.values, self.logits.shape[2]) and self.logits.dtype == torch.float32
+                and self.logits.device.type == "cpu" and self.logits.is_contiguous())
+
 
 @dataclass
 class PooledSegment(Segment):
@@ -163,6 +174,11 @@ class PooledSegment(Segment):
                                 self.values.element_size(), batch, heads, group, self.values.shape[2], self.width,
                                 stride, start, self.values.shape[3])
         return out
+
+    def source(self) -> tuple:
+        """The kernel reads these values already (`weighted`): no check needed."""
+        return (self.logits.contiguous().numpy(), self.width, *_rows_buffer(self.values), self.values.element_size(),
+                self.values.shape[2], self.slots, self.counts)
 
 
 def _rows_buffer(rows: torch.Tensor) -> tuple[np.ndarray, int, int, int, int]:
@@ -248,8 +264,12 @@ def candidate_scores(query: torch.Tensor, keys: torch.Tensor, counts: np.ndarray
 
 
 def window_segment(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: np.ndarray) -> Segment:
-    """The device window (sink + recent + new token) as a segment; query float32 [B, Hkv, G, D] on its device."""
-    logits = torch.matmul(query, keys.float().transpose(2, 3))  # [B, Hkv, G, W]
+    """The device window (sink + recent + new token) as a segment; query float32 [B, Hkv, G, D] on its device. In one
+    compiled pass where `compiled_rows` holds (candidate_dots.c), reading the keys where they lie."""
+    if compiled_rows(keys):
+        logits, _ = candidate_scores(query, keys, np.full(len(query), keys.shape[2], dtype=np.int64), "sum")
+    else:
+        logits = torch.matmul(query, keys.float().transpose(2, 3))  # [B, Hkv, G, W]
     return Segment(logits, values, np.broadcast_to(positions, (len(query), len(positions))))
 
 
@@ -260,9 +280,14 @@ def exact_attention(segments: list[Segment], query: torch.Tensor, scaling: float
 
     `attention_mask`: the model's decode mask (boolean keep or additive, over all positions) or None. The device
     window holds the new token, never masked, so every row's peak is finite; the in-place steps below rely on it
-    (each op on a [B, Hkv, G, tokens] tensor is a pass over it, and this runs once per layer and step).
+    (each op on a [B, Hkv, G, tokens] tensor is a pass over it, and this runs once per layer and step). Without a
+    mask or softcap, where the kernel reads every segment where it lies, it is one compiled call instead
+    (chosen_values.attend): a dozen small ops' dispatch cost more than their arithmetic.
     """
     segments = [segment for segment in segments if segment.width]
+    sources = None if attention_mask is not None or softcap else compiled_sources(segments)
+    if sources is not None:
+        return _attended(sources, query, segments[0].logits.shape, scaling)
     logits = torch.cat([segment.logits for segment in segments], dim=3).mul_(scaling)
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
@@ -278,3 +303,18 @@ def exact_attention(segments: list[Segment], query: torch.Tensor, scaling: float
         start += segment.width
     batch, q_heads, _, head_dim = query.shape
     return weighted.div_(weights.sum(dim=3, keepdim=True)).reshape(batch, q_heads, head_dim)[:, None].to(query.dtype)
+
+
+def compiled_sources(segments: list[Segment]) -> tuple | None:
+    """The segments as chosen_values.attend takes them, or None where the kernel cannot read one of them."""
+    sources = tuple(segment.source() for segment in segments)
+    return None if None in sources else sources
+
+
+def _attended(sources: tuple, query: torch.Tensor, shape: torch.Size, scaling: float) -> torch.Tensor:
+    """exact_attention in one compiled call (chosen_values.c) over the sources, logits of `shape` [B, Hkv, G, n]."""
+    batch, heads, group, _ = shape
+    head_dim = query.shape[-1]
+    out = torch.empty(batch, heads, group, head_dim)
+    _chosen_values.attend(sources, out.numpy(), batch, heads, group, head_dim, scaling)
+    return out.view(batch, heads * group, head_dim)[:, None].to(query.dtype)

@@ -32,6 +32,8 @@ PHASE_PARTS = {
     "after": "migrate_s",  # the swaps, the window's retirements
 }
 
+_PHASES_OF = {part: tuple(phase for phase, of in PHASE_PARTS.items() if of == part) for part in PARTS}
+
 
 @dataclass
 class StepStats:
@@ -74,13 +76,12 @@ class PhaseClock:
         self._last = now
 
     def part(self, part: str) -> float:
-        return sum(seconds for phase, seconds in self.seconds.items() if PHASE_PARTS[phase] == part)
+        return sum(self.seconds[phase] for phase in _PHASES_OF[part])
 
     def charge(self, step: StepStats) -> None:
         """Add each phase to its part of `step`."""
-        for phase, seconds in self.seconds.items():
-            part = PHASE_PARTS[phase]
-            setattr(step, part, getattr(step, part) + seconds)
+        for part, phases in _PHASES_OF.items():
+            setattr(step, part, getattr(step, part) + sum(self.seconds[phase] for phase in phases))
 
 
 @dataclass
