@@ -51,3 +51,21 @@ def test_sparse_decode_on_cuda_matches_dense_at_alpha_one_and_runs_below(tmp_pat
         dense = _logits(model, make_cache(model, KVConfig(), 220, 2), ids, 6)
         torch.testing.assert_close(sparse, dense, rtol=1e-4, atol=1e-4)
         assert np.array_equal(sparse.argmax(-1).cpu().numpy(), dense.argmax(-1).cpu().numpy())
+
+
+@pytest.mark.parametrize("aggregation", ["sum", "max"])  # the folded projection's query, the model's own
+def test_the_lookahead_predicts_queries_on_cuda(tmp_path, aggregation):
+    """The predicted query is made where the model lies and handed to the scorer from host memory."""
+    model = tiny_llama().to("cuda")
+    ids = torch.randint(0, 128, (2, 200), generator=torch.Generator().manual_seed(2)).to("cuda")
+    settings = SparseSettings(alpha=1.0, beta=0.5, sink=4, recent=16, demote_batch=16, aggregation=aggregation,
+                              lookahead_skip=1, lookahead_min_cold=1)
+    cache = make_sparse_cache(model, settings, 220, 2, str(tmp_path), device_budget=2**20, host_budget=64 * 1024,
+                              tiered_layers=full_attention_layers(model.config))
+    try:
+        sparse = _logits(model, cache, ids, 6)
+        assert all(step.lookahead_layers > 0 for step in cache.stats.steps[1:])
+    finally:
+        cache.close()
+    dense = _logits(model, make_cache(model, KVConfig(), 220, 2), ids, 6)
+    torch.testing.assert_close(sparse, dense, rtol=1e-4, atol=1e-4)

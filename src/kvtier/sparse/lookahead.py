@@ -82,7 +82,7 @@ class QueryForecast:
         with torch.no_grad():
             query = self.predict(layer_idx).float()
             grouped = query.view(len(query), self.kv_heads, -1, query.shape[-1])
-            return (grouped.sum(dim=2, keepdim=True) if self.summed else grouped).numpy()
+            return (grouped.sum(dim=2, keepdim=True) if self.summed else grouped).cpu().numpy()  # made where the model lies
 
     def predict(self, layer_idx: int) -> torch.Tensor:
         """Layer `layer_idx`'s decode query [B, Hq, 1, D], predicted from the last captured hidden state."""
@@ -169,7 +169,7 @@ class FoldedProjection:
         normed = torch.nn.functional.rms_norm(hidden.float(), hidden.shape[-1:], eps=self.epsilon)
         query = torch.nn.functional.linear(normed, self.weight, self.bias).view(len(hidden), self.kv_heads, 1, -1)
         rotated = torch.addcmul(query * rotation[:, 0], query.roll(query.shape[-1] // 2, dims=-1), rotation[:, 1])
-        return rotated.detach().numpy()
+        return rotated.detach().cpu().numpy()  # computed where the model lies (a GPU's weights stay there)
 
     def _compiled(self, hidden: torch.Tensor, rotation: torch.Tensor) -> np.ndarray:
         batch, head_dim = len(hidden), rotation.shape[-1]
