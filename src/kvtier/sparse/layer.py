@@ -114,7 +114,7 @@ class SparseLayer(WindowedLayer):
 
     def _split(self, pool: slice) -> None:
         """Place the pool's tokens hot or cold by observation-window importance, within the hot pool's room."""
-        importance = self._importance()[:, pool].numpy()
+        importance = self._importance()[:, pool].cpu().numpy()  # computed where the prompt's K/V lie
         hot_count = min(self.runtime.hot_tokens_for(importance), self.runtime.hot_tokens - self.hot.used)
         hot_index, cold_index = split_hot_cold(importance, hot_count)
         pool_keys, pool_values = self.keys[:, :, pool].cpu(), self.values[:, :, pool].cpu()

@@ -82,7 +82,8 @@ class QueryForecast:
         with torch.no_grad():
             query = self.predict(layer_idx).float()
             grouped = query.view(len(query), self.kv_heads, -1, query.shape[-1])
-            return (grouped.sum(dim=2, keepdim=True) if self.summed else grouped).cpu().numpy()  # made where the model lies
+            summed = grouped.sum(dim=2, keepdim=True) if self.summed else grouped
+            return summed.cpu().numpy()  # made where the model lies
 
     def predict(self, layer_idx: int) -> torch.Tensor:
         """Layer `layer_idx`'s decode query [B, Hq, 1, D], predicted from the last captured hidden state."""

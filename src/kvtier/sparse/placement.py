@@ -30,7 +30,8 @@ def selection_importance(queries: torch.Tensor, keys: torch.Tensor, aggregation:
     grouped = queries.float().reshape(batch, kv_heads, q_heads // kv_heads, window, head_dim)
     dots = torch.matmul(grouped, keys.float()[:, :, None].transpose(3, 4))  # [B, Hkv, G, w, N]
     per_query = importance(dots.flatten(3), aggregation)  # over the heads, each query's column kept: [B, w x N]
-    seen = torch.arange(tokens)[None, :] <= torch.arange(tokens - window, tokens)[:, None]  # [w, N]
+    device = keys.device  # where the prompt's K/V lie, a GPU included
+    seen = torch.arange(tokens, device=device)[None, :] <= torch.arange(tokens - window, tokens, device=device)[:, None]
     total = per_query.view(batch, window, tokens).masked_fill(~seen, 0.0).sum(dim=1)
     return total / seen.sum(dim=0).clamp(min=1)
 
