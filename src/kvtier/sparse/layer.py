@@ -202,6 +202,8 @@ class SparseLayer(WindowedLayer):
         the host draws it up from the scorer's scores and reads it. `inner` (the model's own attention) is not
         needed: the hot scores are the logits.
         """
+        if self.device.type == "cuda":  # the model's queued kernels finish here, not in this layer's first phase
+            torch.cuda.synchronize(self.device)
         runtime, step, clock = self.runtime, self.runtime.stats.current, PhaseClock()
         lookahead = runtime.lookahead
         if lookahead is not None and lookahead.in_flight[:1] == (self.tier,):
