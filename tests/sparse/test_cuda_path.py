@@ -31,13 +31,24 @@ def _logits(model, cache, ids, steps):
     return torch.stack(outputs)
 
 
+def _sparse_cache(model, tmp_path, **settings):
+    settings = SparseSettings(beta=0.5, sink=4, recent=16, demote_batch=16, **settings)
+    return make_sparse_cache(model, settings, 220, 2, str(tmp_path), device_budget=2**20, host_budget=64 * 1024,
+                             tiered_layers=full_attention_layers(model.config))
+
+
+def _prompt(seed):
+    return torch.randint(0, 128, (2, 200), generator=torch.Generator().manual_seed(seed)).to("cuda")
+
+
+def _dense_logits(model, ids):
+    return _logits(model, make_cache(model, KVConfig(), 220, 2), ids, 6)
+
+
 @pytest.mark.parametrize("alpha", [1.0, 0.3])
 def test_sparse_decode_on_cuda_matches_dense_at_alpha_one_and_runs_below(tmp_path, alpha):
-    model = tiny_llama().to("cuda")
-    ids = torch.randint(0, 128, (2, 200), generator=torch.Generator().manual_seed(1)).to("cuda")
-    settings = SparseSettings(alpha=alpha, beta=0.5, sink=4, recent=16, demote_batch=16)
-    cache = make_sparse_cache(model, settings, 220, 2, str(tmp_path), device_budget=2**20, host_budget=64 * 1024,
-                              tiered_layers=full_attention_layers(model.config))
+    model, ids = tiny_llama().to("cuda"), _prompt(1)
+    cache = _sparse_cache(model, tmp_path, alpha=alpha)
     try:
         sparse = _logits(model, cache, ids, 6)
         layer = cache.layers[0]
@@ -48,7 +59,7 @@ def test_sparse_decode_on_cuda_matches_dense_at_alpha_one_and_runs_below(tmp_pat
     finally:
         cache.close()
     if alpha == 1.0:
-        dense = _logits(model, make_cache(model, KVConfig(), 220, 2), ids, 6)
+        dense = _dense_logits(model, ids)
         torch.testing.assert_close(sparse, dense, rtol=1e-4, atol=1e-4)
         assert np.array_equal(sparse.argmax(-1).cpu().numpy(), dense.argmax(-1).cpu().numpy())
 
@@ -56,16 +67,11 @@ def test_sparse_decode_on_cuda_matches_dense_at_alpha_one_and_runs_below(tmp_pat
 @pytest.mark.parametrize("aggregation", ["sum", "max"])  # the folded projection's query, the model's own
 def test_the_lookahead_predicts_queries_on_cuda(tmp_path, aggregation):
     """The predicted query is made where the model lies and handed to the scorer from host memory."""
-    model = tiny_llama().to("cuda")
-    ids = torch.randint(0, 128, (2, 200), generator=torch.Generator().manual_seed(2)).to("cuda")
-    settings = SparseSettings(alpha=1.0, beta=0.5, sink=4, recent=16, demote_batch=16, aggregation=aggregation,
-                              lookahead_skip=1, lookahead_min_cold=1)
-    cache = make_sparse_cache(model, settings, 220, 2, str(tmp_path), device_budget=2**20, host_budget=64 * 1024,
-                              tiered_layers=full_attention_layers(model.config))
+    model, ids = tiny_llama().to("cuda"), _prompt(2)
+    cache = _sparse_cache(model, tmp_path, alpha=1.0, aggregation=aggregation, lookahead_skip=1, lookahead_min_cold=1)
     try:
         sparse = _logits(model, cache, ids, 6)
         assert all(step.lookahead_layers > 0 for step in cache.stats.steps[1:])
     finally:
         cache.close()
-    dense = _logits(model, make_cache(model, KVConfig(), 220, 2), ids, 6)
-    torch.testing.assert_close(sparse, dense, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(sparse, _dense_logits(model, ids), rtol=1e-4, atol=1e-4)
