@@ -23,6 +23,6 @@ def calibration_outside_the_user_cache(monkeypatch, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def document_store_outside_the_user_cache(monkeypatch, tmp_path_factory):
     """`kvtier generate` stores prompts by default: in tests, under this session's temp directory."""
-    from kvtier.store import store
+    from kvtier.docstore import document_store
 
-    monkeypatch.setattr(store, "default_store_dir", lambda: tmp_path_factory.getbasetemp() / "kv-store")
+    monkeypatch.setattr(document_store, "default_store_dir", lambda: tmp_path_factory.getbasetemp() / "kv-store")

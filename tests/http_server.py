@@ -12,11 +12,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier.modes import KVConfig
-from kvtier.serve.engine import EngineConfig
-from kvtier.server.app import create_app
-from kvtier.server.backend import Backend, ServerSettings, SparseSetup, build_backend
-from kvtier.server.runner import ServerThread
-from kvtier.store.store import DocumentStore
+from kvtier.engine.serving_engine import EngineConfig
+from kvtier.http.app import create_app
+from kvtier.http.backend import Backend, ServerSettings, SparseSetup, build_backend
+from kvtier.http.runner import ServerThread
+from kvtier.docstore.document_store import DocumentStore
 
 MODEL = "smollm2-135m"
 

@@ -9,7 +9,7 @@ One thread keeps these tests fast and does not change any result.
 import pytest
 
 import tiny_models
-from kvtier.threads import torch_threads
+from kvtier.sparse.threads import torch_threads
 
 
 @pytest.fixture(autouse=True)

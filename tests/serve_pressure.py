@@ -6,7 +6,7 @@ past the 8-block pool, so sequences are preempted and resumed over and over.
 
 import torch
 
-from kvtier.serve.sequence import SamplingParams
+from kvtier.engine.sequence import SamplingParams
 
 PRESSURE = {"device_blocks": 8, "swap_space": str(64 * 4 * 4096)}  # 64 slots of 4 pages (2 layers x K/V)
 LONG = SamplingParams(max_new_tokens=60, ignore_eos=True)

@@ -5,7 +5,7 @@ import signal
 
 import torch
 
-from kvtier.store.meta import EntryMeta
+from kvtier.docstore.meta import EntryMeta
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 2, 2, 32, 64  # a record: 64 tokens x 32 x 2-4 bytes, whole 4 KiB pages
 

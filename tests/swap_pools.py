@@ -2,7 +2,7 @@
 
 import torch
 
-from kvtier.serve.kv_pool import KVPool
+from kvtier.engine.kv_pool import KVPool
 from kvtier.storage import KVGeometry
 
 # 2 heads x 64 dims x fp32 x 16 tokens = 8 KiB blocks: page multiples, so no bounce copies.

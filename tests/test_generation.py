@@ -7,7 +7,7 @@ import kvtier
 from kvtier.data.corpus import generate_text
 from kvtier.generation import GenerationCancelled
 from kvtier.modes import KVConfig
-from kvtier.threads import decode_threads
+from kvtier.sparse.threads import decode_threads
 
 pytestmark = pytest.mark.model
 NEW_TOKENS = 24
@@ -74,7 +74,7 @@ def test_offload_cache_works_inside_model_generate(smollm2, prompt, reference, t
 
 
 def test_sparse_decodes_leaving_a_core_to_its_scorer_and_restores_the_thread_count(smollm2, tmp_path):
-    """kvtier.threads: the storage scorer process needs a core while the sparse path decodes."""
+    """kvtier.sparse.threads: the storage scorer process needs a core while the sparse path decodes."""
     seen = []
     before = torch.get_num_threads()
     config = KVConfig(kv="sparse", host_kv_budget="4MiB", storage_dir=str(tmp_path))

@@ -2,7 +2,7 @@
 
 from kvtier.generation import GenerationResult, generate
 from kvtier.kv.contract import KVCache
-from kvtier.kv.geometry import text_config
+from kvtier.kv.model_geometry import text_config
 from kvtier.models.loader import LoadedModel, load_model
 from kvtier.models.prompts import prompt_ids
 from kvtier.modes import KVConfig

@@ -15,11 +15,11 @@ from kvtier.kv.offload import OffloadCache
 from kvtier.models.prompts import check_context, prompt_ids
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import SparseCache
-from kvtier.sparse.cold_image import IMAGE_DIR, CorruptImage
-from kvtier.store.entry import CorruptEntry, EntryWriter
-from kvtier.store.reuse import PromptReuse
-from kvtier.store.store import DocumentStore
-from kvtier.threads import decoding
+from kvtier.sparse.cold.cold_image import IMAGE_DIR, CorruptImage
+from kvtier.docstore.entry import CorruptEntry, EntryWriter
+from kvtier.docstore.reuse import PromptReuse
+from kvtier.docstore.document_store import DocumentStore
+from kvtier.sparse.threads import decoding
 
 log = logging.getLogger(__name__)
 # Called with the cache after each prefill chunk and each new token; True cancels the generation.
@@ -109,7 +109,7 @@ def generate(
     GenerationCancelled (nothing is stored), during the decode by ending after that token (a
     server's client went away). Generation stops at an id of `eos_token_ids` (default: the model's;
     an empty set never stops early, vLLM's `ignore_eos`). With a `kv_store`, the prompt's longest
-    stored prefix is loaded instead of computed, and a new document is stored (kvtier.store.reuse).
+    stored prefix is loaded instead of computed, and a new document is stored (kvtier.docstore.reuse).
     A stored prefix found damaged while decoding (a sparse image or the K/V that offload reads in place;
     `--on-corrupt recompute`) makes the answer start over cold; the tokens already handed out are checked,
     not handed out again (RecomputeDiverged).

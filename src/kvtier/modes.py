@@ -13,21 +13,21 @@ from pathlib import Path
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from kvtier.baselines import BASELINES
-from kvtier.baselines.runtime import TierSetup
+from kvtier.baselines.selective_runtime import TierSetup
 from kvtier.errors import ConfigError, StorageError
 from kvtier.kv.budget import tier_capacity
 from kvtier.kv.contract import KVCache
 from kvtier.kv.dense import DenseCache
-from kvtier.kv.geometry import full_attention_layers, model_geometry, text_config
+from kvtier.kv.model_geometry import full_attention_layers, model_geometry, text_config
 from kvtier.kv.offload import OffloadCache, OffloadLayer, TieredStore
 from kvtier.paths import cache_dir
 from kvtier.sparse.cache import make_sparse_cache
-from kvtier.sparse.cold_image import IMAGE_DIR
+from kvtier.sparse.cold.cold_image import IMAGE_DIR
 from kvtier.sparse.settings import SparseSettings, parse_beta
 from kvtier.storage import IOEngine, KVBlockFile
 from kvtier.storage.stale_files import remove_abandoned_kv_files
-from kvtier.store.entry import StoredKV
-from kvtier.store.store import Match
+from kvtier.docstore.entry import StoredKV
+from kvtier.docstore.document_store import Match
 from kvtier.units import parse_size
 
 KV_MODES = ("dense", "offload", "sparse", *BASELINES)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvtier.kv.geometry import full_attention_layers
+from kvtier.kv.model_geometry import full_attention_layers
 from kvtier.modes import KVConfig, make_cache
 from kvtier.storage import PAGE, KVGeometry
 from kvtier.storage.pages import pages_holding

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from baseline_runs import BLOCK_BYTES, config, greedy, ids, run_watched
-from kvtier.baselines import runtime
+from kvtier.baselines import selective_runtime
 from kvtier.baselines.infinigen import approximate_scores, choose_channels, speculative_query, take_channels
 from kvtier.modes import make_cache
 from kvtier.storage import PAGE
@@ -72,7 +72,7 @@ def test_page_reads_of_multi_page_blocks_read_less_and_give_the_same_logits(tiny
     prompt = ids(1, 250, 5)
     kv_config = config("infinigen", tmp_path, tiny_llama, 254, alpha=0.05, block=128)  # blocks of 4 pages
     logits, seen, read, _ = run_watched(tiny_llama, kv_config, prompt, 4)
-    monkeypatch.setattr(runtime, "pages_fill_blocks", lambda geometry, block_tokens: False)  # whole blocks instead
+    monkeypatch.setattr(selective_runtime, "pages_fill_blocks", lambda geometry, block_tokens: False)  # whole blocks instead
     block_logits, _, block_read, _ = run_watched(tiny_llama, kv_config, prompt, 4)
     assert torch.equal(logits, block_logits)
     nbytes, blocks = sum(step.disk_bytes for step in seen), sum(step.disk_blocks for step in seen)

@@ -6,7 +6,7 @@ import torch
 from baseline_runs import BLOCK_BYTES, config, greedy, ids, watch
 from kvtier.baselines.chunks import ChunkTable, chunk_ends, cover, key_scores, upper_bounds
 from kvtier.baselines.leoam import make_leoam_cache
-from kvtier.baselines.runtime import TierSetup
+from kvtier.baselines.selective_runtime import TierSetup
 
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvtier.cli import main
-from kvtier.eval import accuracy
+from kvtier.eval.accuracy import accuracy_bench
 
 MODES = "dense,offload,sparse"
 
@@ -45,8 +45,8 @@ def test_writes_json_and_markdown_then_skips_finished_cells(tiny_model_dir, tmp_
     def must_not_run(*args, **kwargs):
         raise AssertionError("a finished cell ran again")
 
-    monkeypatch.setattr(accuracy, "needle_cell", must_not_run)
-    monkeypatch.setattr(accuracy, "perplexity_cell", must_not_run)
+    monkeypatch.setattr(accuracy_bench, "needle_cell", must_not_run)
+    monkeypatch.setattr(accuracy_bench, "perplexity_cell", must_not_run)
     assert _bench(tiny_model_dir, tmp_path, "--modes", MODES) == 0
     assert "9 cells, 9 already finished" in capsys.readouterr().err
 

@@ -6,7 +6,7 @@ Mechanics only: no assertion here is about speed.
 import json
 
 from kvtier.cli import main
-from kvtier.threads import decode_threads
+from kvtier.sparse.threads import decode_threads
 
 
 def _bench(model_dir, tmp_path, *extra):

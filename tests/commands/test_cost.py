@@ -7,7 +7,7 @@ import pytest
 
 from kvtier.commands import cost
 from kvtier.errors import ConfigError
-from kvtier.eval.costmodel import GIB, TB
+from kvtier.eval.serving.costmodel import GIB, TB
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier.models.loader import load_model
-from kvtier.serve.engine import EngineConfig, LLMEngine
+from kvtier.engine.serving_engine import EngineConfig, LLMEngine
 
 ENGINE_ARGS = ["--block-tokens", "16", "--device-kv-budget", "1MiB", "--swap", "flash", "--swap-space", "4MiB",
                "--io-threads", "2"]

@@ -12,14 +12,14 @@ import tiny_models
 from kvtier.data.corpus import generate_text
 from kvtier.data.needle import make_needles
 from kvtier.models.loader import load_model
-from kvtier.threads import torch_threads
+from kvtier.sparse.threads import torch_threads
 
 CORPUS = generate_text(60_000, seed=5)
 
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    """As the sparse path decodes on the 2-core VM (kvtier.threads): the scorer process needs the other core."""
+    """As the sparse path decodes on the 2-core VM (kvtier.sparse.threads): the scorer process needs the other core."""
     with torch_threads(1):
         yield
 

@@ -9,8 +9,8 @@ import pytest
 
 import kvtier
 from kvtier.data.corpus import load_corpus
-from kvtier.eval.budgets import BudgetShares, cell_kv_config
-from kvtier.eval.needle_grid import needle_cell
+from kvtier.eval.accuracy.budgets import BudgetShares, cell_kv_config
+from kvtier.eval.accuracy.needle_grid import needle_cell
 
 pytestmark = pytest.mark.model
 

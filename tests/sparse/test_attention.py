@@ -2,11 +2,11 @@
 
 import torch
 
-from kvtier.kv.geometry import full_attention_layers
+from kvtier.kv.model_geometry import full_attention_layers
 from kvtier.sparse.cache import make_sparse_cache
 from kvtier.sparse.layer import SparseLayer
 from kvtier.sparse.settings import SparseSettings
-from kvtier.threads import torch_threads
+from kvtier.sparse.threads import torch_threads
 
 
 def test_a_tiered_layers_decode_step_runs_on_one_torch_thread(tiny_llama, tmp_path, monkeypatch):

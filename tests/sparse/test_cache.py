@@ -10,7 +10,7 @@ import tiny_models
 
 from kvtier.errors import ConfigError
 from kvtier.kv.contract import tier_bytes
-from kvtier.kv.geometry import full_attention_layers
+from kvtier.kv.model_geometry import full_attention_layers
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import make_sparse_cache
 from kvtier.sparse.layer import MAX_AHEAD, SparseLayer

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 
 from tiny_models import tiny_llama  # noqa: E402
 
-from kvtier.kv.geometry import full_attention_layers  # noqa: E402
+from kvtier.kv.model_geometry import full_attention_layers  # noqa: E402
 from kvtier.modes import KVConfig, make_cache  # noqa: E402
 from kvtier.sparse.cache import make_sparse_cache  # noqa: E402
 from kvtier.sparse.settings import SparseSettings  # noqa: E402

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.sparse import _chosen_values, planner
-from kvtier.sparse.hot_pool import HotPool
+from kvtier.kernels import _chosen_values
+from kvtier.sparse import planner
+from kvtier.sparse.hot.hot_pool import HotPool
 from kvtier.sparse.planner import Throughputs, balanced_beta, plan_split, predicted_times
-from kvtier.threads import LAYER_STEP_THREADS, torch_threads
+from kvtier.sparse.threads import LAYER_STEP_THREADS, torch_threads
 
 RATES = Throughputs(host_score=8e6, storage_score=1e6, host_fetch=4e6, storage_fetch=2e5)
 

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.sparse import _candidate_dots, _chosen_values, selection
-from kvtier.sparse.hot_pool import importance
+from kvtier.kernels import _candidate_dots
+from kvtier.kernels import _chosen_values
+from kvtier.sparse import selection
+from kvtier.sparse.hot.hot_pool import importance
 from kvtier.sparse.selection import (MIN_CANDIDATES, Picks, Segment, candidate_counts, candidate_scores,
                                      candidates_in_place, chosen_copied, chosen_in_place, exact_attention, shortlist,
                                      window_segment)

@@ -10,7 +10,7 @@ Chunk boundaries (the rule, and what it simplifies):
   (or blocks of several chunks) that holds it.
 - Prompt: each block-sized region of the pool is one chunk unless its tokens
   are at least twice as important as the pool's average (observation-window
-  importance, kvtier.sparse.placement); such a region is halved, recursively,
+  importance, kvtier.sparse.hot.initial_placement); such a region is halved, recursively,
   down to `min_chunk` tokens. Low-importance regions thus stay in large chunks and the
   important ones get fine chunks, where precise selection pays. LeoAM varies
   chunk sizes with the skew of attention; this per-region rule is our reading

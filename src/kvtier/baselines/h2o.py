@@ -25,10 +25,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvtier.baselines.attention_mass import attention_mass
-from kvtier.baselines.runtime import TierSetup
+from kvtier.baselines.prompt_attention import attention_mass
+from kvtier.baselines.selective_runtime import TierSetup
 from kvtier.baselines.selective import Selected, SelectiveCache, SelectiveLayer, build_cache, grouped_query
-from kvtier.baselines.store import SelectiveStore
+from kvtier.baselines.selective_store import SelectiveStore
 from kvtier.kv.gather import take_tokens
 from kvtier.storage import K, V
 

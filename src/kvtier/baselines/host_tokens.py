@@ -4,7 +4,7 @@ A queue: tokens join at the end as they leave the device window, and the
 oldest leave from the front, whole blocks at a time, for the disk
 (selective.py). Kept token-major ([batch, heads, tokens, head_dim]), the
 layout the baselines read whole or by index every step; --kv sparse's hot
-pool, scored by a kernel, keeps its keys in tiles instead (sparse/hot_pool.py).
+pool, scored by a kernel, keeps its keys in tiles instead (sparse/hot/hot_pool.py).
 """
 
 from __future__ import annotations

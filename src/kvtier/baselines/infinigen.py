@@ -41,9 +41,9 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from kvtier.baselines.runtime import SelectiveRuntime, TierSetup
+from kvtier.baselines.selective_runtime import SelectiveRuntime, TierSetup
 from kvtier.baselines.selective import Selected, SelectiveCache, SelectiveLayer, build_cache, grouped_query
-from kvtier.kv.geometry import model_geometry
+from kvtier.kv.model_geometry import model_geometry
 from kvtier.storage import K, V
 
 PARTIAL_RATIO = 0.3

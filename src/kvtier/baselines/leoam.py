@@ -30,12 +30,12 @@ import math
 import numpy as np
 import torch
 
-from kvtier.baselines.attention_mass import attention_mass
+from kvtier.baselines.prompt_attention import attention_mass
 from kvtier.baselines.chunks import ChunkTable, chunk_ends, cover, key_scores, upper_bounds
-from kvtier.baselines.runtime import SelectiveRuntime, TierSetup
+from kvtier.baselines.selective_runtime import SelectiveRuntime, TierSetup
 from kvtier.baselines.selective import Selected, SelectiveCache, SelectiveLayer, build_cache, grouped_query
-from kvtier.baselines.store import SelectiveStore
-from kvtier.kv.geometry import model_geometry
+from kvtier.baselines.selective_store import SelectiveStore
+from kvtier.kv.model_geometry import model_geometry
 from kvtier.storage import K, V
 
 ABSTRACTS = "leoam-abstracts"

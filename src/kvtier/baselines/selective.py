@@ -34,12 +34,12 @@ import torch
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from kvtier.baselines.host_tokens import HostTokens
-from kvtier.baselines.runtime import SelectiveRuntime, TierSetup, plan_capacity
-from kvtier.baselines.store import SelectiveStore
+from kvtier.baselines.selective_runtime import SelectiveRuntime, TierSetup, plan_capacity
+from kvtier.baselines.selective_store import SelectiveStore
 from kvtier.kv.contract import SelectiveKVCache
 from kvtier.kv.gather import select_columns, take_tokens
 from kvtier.kv.windowed import WindowedLayer
-from kvtier.kv.geometry import model_geometry, text_config
+from kvtier.kv.model_geometry import model_geometry, text_config
 from kvtier.sparse import attention
 from kvtier.storage import K, IOStats
 

@@ -18,8 +18,8 @@ from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.commands.serve_options import add_engine_options, engine_config_from
 from kvtier.errors import ConfigError
 from kvtier.models.loader import load_model
-from kvtier.serve.engine import LLMEngine
-from kvtier.serve.sequence import SamplingParams
+from kvtier.engine.serving_engine import LLMEngine
+from kvtier.engine.sequence import SamplingParams
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -36,9 +36,9 @@ import torch
 from kvtier.commands.bench_options import add_run_options, check_writable, storage_directory
 from kvtier.commands.kv_options import add_model_option
 from kvtier.errors import ConfigError
-from kvtier.eval.accuracy import GRIDS, AccuracyOptions, Grid, run_accuracy
-from kvtier.eval.budgets import BudgetShares
-from kvtier.eval.needle_grid import VARIANTS
+from kvtier.eval.accuracy.accuracy_bench import GRIDS, AccuracyOptions, Grid, run_accuracy
+from kvtier.eval.accuracy.budgets import BudgetShares
+from kvtier.eval.accuracy.needle_grid import VARIANTS
 from kvtier.modes import KV_MODES, KVConfig
 from kvtier.models.loader import load_model
 

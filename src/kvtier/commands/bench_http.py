@@ -2,7 +2,7 @@
 
 Throughput, time to first token and inter-token latency (p50 / p99) per client count, flash vs
 DRAM swap in the same run, and the server's throughput as a share of the offline engine's on the
-same prompts (kvtier.eval.http_bench explains the method). The device pool is small enough that the
+same prompts (kvtier.eval.serving.http_bench explains the method). The device pool is small enough that the
 higher client counts swap. Prompts are short generated sentences; every request asks for
 --new-tokens tokens with ignore_eos, so every run generates the same number of tokens.
 
@@ -20,8 +20,8 @@ from kvtier.commands.bench_options import add_flash_dir_option, check_writable, 
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import ConfigError
 from kvtier.models.loader import load_model
-from kvtier.eval.http_bench import CLIENT_LEVELS, render_markdown, requests_for, run_http_benchmark
-from kvtier.serve.engine import EngineConfig
+from kvtier.eval.serving.http_bench import CLIENT_LEVELS, render_markdown, requests_for, run_http_benchmark
+from kvtier.engine.serving_engine import EngineConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

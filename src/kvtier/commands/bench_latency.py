@@ -1,6 +1,6 @@
 """`kvtier bench latency`: the HillInfer latency experiments (a-f) for every KV mode; JSON per experiment.
 
-Experiments (kvtier.eval.latency_grid): a) decode latency vs context length; b) batch-size
+Experiments (kvtier.eval.sparse.latency_grid): a) decode latency vs context length; b) batch-size
 scaling at 1920 input + 128 output tokens and a stress run at batch 20-25; c) ablation:
 prefetch baseline (infinigen), sparse without migration, +HKM, +HKM+APP; d) beta sweep
 next to APP's beta; e) alpha sweep, latency and needle accuracy; f) bytes moved per decode
@@ -14,7 +14,7 @@ Results: `<out>/latency-<experiment>-<model>-<grid>.json` (machine, versions, se
 entry per cell); finished cells are skipped on a re-run (`--force` reruns them). Then
 `kvtier bench report` writes REPORT.md and the plots.
 
-Grids (2 cores; torch threads per phase and mode as kvtier.threads; times for an idle machine):
+Grids (2 cores; torch threads per phase and mode as kvtier.sparse.threads; times for an idle machine):
   small (default): smollm2-135m; a) 1K, 2K, 4K; b) batch 1, 2, 4 and a stress run at 20
       (once), 16 output tokens; c-f at 2K; 8 timed steps; 3 repeats. With six modes: about
       0.9M prompt tokens and 2.4K decode steps, roughly 30-40 minutes.
@@ -37,11 +37,11 @@ import torch
 from kvtier.commands.bench_options import add_run_options, check_writable, storage_directory
 from kvtier.data.corpus import load_corpus
 from kvtier.errors import ConfigError
-from kvtier.eval.corpus_slice import CHARS_PER_TOKEN_BOUND, STRIDE_CHARS
-from kvtier.eval.latency import RunOptions, check_contexts, run_experiment
-from kvtier.eval.latency_grid import EXPERIMENTS, GRIDS, Grid, experiment_cells, parse_experiments, parse_modes
+from kvtier.eval.accuracy.corpus_slice import CHARS_PER_TOKEN_BOUND, STRIDE_CHARS
+from kvtier.eval.sparse.latency import RunOptions, check_contexts, run_experiment
+from kvtier.eval.sparse.latency_grid import EXPERIMENTS, GRIDS, Grid, experiment_cells, parse_experiments, parse_modes
 from kvtier.models.loader import load_model
-from kvtier.threads import machine_threads
+from kvtier.sparse.threads import machine_threads
 
 LIST_OPTIONS = {"contexts": int, "batches": int, "stress_batches": int, "betas": float, "alphas": float}
 NUMBER_OPTIONS = ("new_tokens", "fixed_context", "fixed_beta")
@@ -71,7 +71,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.threads)
+    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.sparse.threads)
     grid = grid_from(args)
     letters, modes = parse_experiments(args.experiments), parse_modes(args.modes)
     if args.repeats < 1 or not 0 < args.host_share <= 1 or not 0 <= args.device_share <= 1:

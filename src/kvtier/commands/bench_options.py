@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kvtier.data.corpus import CORPUS_NAMES
 from kvtier.errors import StorageError
-from kvtier.eval.budgets import BudgetShares
+from kvtier.eval.accuracy.budgets import BudgetShares
 from kvtier.modes import default_storage_dir
 from kvtier.models.loader import LOAD_FORMATS
 from kvtier.paths import cache_dir

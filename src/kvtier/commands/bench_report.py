@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from kvtier.commands.bench_options import check_writable
-from kvtier.eval.report import appendices, write_report
+from kvtier.eval.report.markdown_report import appendices, write_report
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

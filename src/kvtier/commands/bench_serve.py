@@ -25,8 +25,8 @@ from pathlib import Path
 
 from kvtier.commands.bench_options import add_device_options, add_flash_dir_option, flash_dir_from
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
-from kvtier.eval.serve_bench import SWEEP_BLOCKS, render_markdown, run_serve_benchmark
-from kvtier.eval.workload import Workload
+from kvtier.eval.serving.serve_bench import SWEEP_BLOCKS, render_markdown, run_serve_benchmark
+from kvtier.eval.serving.workload import Workload
 from kvtier.models.loader import load_model
 from kvtier.units import parse_size
 

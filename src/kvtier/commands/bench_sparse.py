@@ -1,6 +1,6 @@
 """`kvtier bench sparse`: decode speed of `--kv sparse` side by side with `--kv offload`, plus selection quality.
 
-One run, same prompt, same budgets (kvtier.eval.budgets, as the other benchmarks):
+One run, same prompt, same budgets (kvtier.eval.accuracy.budgets, as the other benchmarks):
 the host budget defaults to 40% of the prompt's KV so that more than half of it
 lives in the storage tier; the device budget is 2% of it, at least 128 tokens. Reports
 per mode decode ms/token and disk bytes per step; for the sparse path the
@@ -13,14 +13,14 @@ sum/max head aggregation at full precision, INT8 and INT4.
 A `dense` row (every token in memory, full attention) shows what removing all KV I/O gains over
 offload on the machine: the room a tiered mode has. Prefill runs on every core; decode on one
 core fewer for the sparse path, whose scorer process holds a core (one thread on 2 cores), and on
-every core for dense and offload (kvtier.threads).
+every core for dense and offload (kvtier.sparse.threads).
 
-The model runs over the prompt once (kvtier.eval.prefill_tape): every mode prefills densely, so
+The model runs over the prompt once (kvtier.eval.sparse.prefill_tape): every mode prefills densely, so
 each mode's cache is fed the recorded K/V of all but the prompt's last chunk, and that chunk runs
 through the model in each mode. Only decode steps are compared; a mode's `prefill_s` is its
 replay plus that chunk, and `prefill.record_s` the one real prefill. The recorded rows go to the
 document KV store (`--kv-store`, as `kvtier generate`'s prompts do), and a rerun over the same
-prompt reads them back, verified, instead of prefilling again (kvtier.eval.stored_rows;
+prompt reads them back, verified, instead of prefilling again (kvtier.eval.sparse.stored_rows;
 `--no-kv-store` neither reads nor stores them).
 
 Cold reads are honest: the sparse cold pool and the offload KV file are read
@@ -41,11 +41,11 @@ from kvtier.commands.bench_options import add_device_options, check_writable, st
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.commands.store_options import add_store_options, store_from
 from kvtier.data.corpus import CORPUS_NAMES
-from kvtier.eval.sparse_bench import SparseBench, run_sparse_benchmark, write_results
+from kvtier.eval.sparse.sparse_bench import SparseBench, run_sparse_benchmark, write_results
 from kvtier.models.loader import load_model
 from kvtier.sparse.settings import SparseSettings
-from kvtier.sparse.sketch import SCORE_BITS
-from kvtier.threads import machine_threads
+from kvtier.sparse.cold.sketch import SCORE_BITS
+from kvtier.sparse.threads import machine_threads
 
 
 def add_parser(subparsers) -> None:
@@ -81,7 +81,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.threads)
+    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.sparse.threads)
     check_writable(args.out)
     storage_dir = str(storage_directory(args.storage_dir))
     store = store_from(args)

@@ -16,7 +16,7 @@ from kvtier.commands.bench_options import check_writable
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.data.corpus import CORPUS_NAMES
 from kvtier.errors import ConfigError
-from kvtier.eval.store_bench import MODES, StoreBench, run_store_benchmark, write_results
+from kvtier.eval.sparse.store_bench import MODES, StoreBench, run_store_benchmark, write_results
 from kvtier.models.loader import load_model
 
 

@@ -1,7 +1,7 @@
 """`kvtier bench vllm-tier`: kvtier's flash tier vs vLLM's fs tier inside vLLM; bench/results/vllm-tier.json and .md.
 
 Both tiers are driven through vLLM's own SecondaryTierManager interface with the same chunk stream
-(see kvtier/eval/vllm_tier.py); needs vLLM installed (`make vllm`, or `pip install 'kvtier[vllm]'`).
+(see kvtier/eval/serving/vllm_tier.py); needs vLLM installed (`make vllm`, or `pip install 'kvtier[vllm]'`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvtier.errors import ConfigError, StorageError
 from kvtier.eval.record import machine_info
-from kvtier.eval.vllm_tier_report import render_markdown
+from kvtier.eval.serving.vllm_tier_report import render_markdown
 from kvtier.units import parse_size
 
 DEFAULT_MODELS = "smollm2-135m,qwen2.5-0.5b"
@@ -41,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtier.eval.vllm_tier import MODEL_BLOCKS, run_vllm_tier_benchmark
+    from kvtier.eval.serving.vllm_tier import MODEL_BLOCKS, run_vllm_tier_benchmark
 
     try:
         import vllm.v1.kv_offload.tiering.spec  # noqa: F401

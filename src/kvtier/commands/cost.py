@@ -1,6 +1,6 @@
 """`kvtier cost`: HiFC's memory-expansion cost, flash endurance and pipeline budget, from options.
 
-Every input of `kvtier.eval.costmodel` is an option whose default is that module's value (the
+Every input of `kvtier.eval.serving.costmodel` is an option whose default is that module's value (the
 paper's numbers, or our documented assumptions). `--measured FILE.json` reads the
 {"swap_out_bytes": N, "wall_s": S} that the serve benchmark writes, to turn a real run into
 writes per day and a lifetime. `--json` prints the same report as one JSON object.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.eval.costmodel import (
+from kvtier.eval.serving.costmodel import (
     PAPER_DRAM,
     PAPER_HIFC,
     PAPER_KV_WRITES_PER_DAY,
@@ -52,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="memory-expansion cost, flash endurance and swap pipeline budget (HiFC models)",
         description="HiFC's memory-expansion cost (DRAM vs flash), pSLC endurance and lifetime, "
         "and the swap pipeline budget. Every input is an option; defaults are the paper's numbers "
-        "or the assumptions documented in kvtier.eval.costmodel.",
+        "or the assumptions documented in kvtier.eval.serving.costmodel.",
     )
     cost = parser.add_argument_group(
         "cost", "defaults: prices and sizes from the paper's Table 12; power, PUE and energy price are our assumptions"

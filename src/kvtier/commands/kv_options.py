@@ -5,7 +5,7 @@ import argparse
 from kvtier.modes import KV_MODES, KVConfig
 from kvtier.models.loader import TORCH_DTYPES
 from kvtier.models.registry import DEFAULT_MODEL
-from kvtier.sparse.sketch import SCORE_BITS
+from kvtier.sparse.cold.sketch import SCORE_BITS
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:

@@ -57,9 +57,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from kvtier.models.loader import load_model
-    from kvtier.server.app import create_app
-    from kvtier.server.backend import ServerSettings, SparseSetup, build_backend
-    from kvtier.server.runner import serve_forever
+    from kvtier.http.app import create_app
+    from kvtier.http.backend import ServerSettings, SparseSetup, build_backend
+    from kvtier.http.runner import serve_forever
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be 0-65535, got {args.port}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvtier.serve.engine import SWAP_MODES, EngineConfig
-from kvtier.serve.flash_swap import ALLOCATORS
+from kvtier.engine.serving_engine import SWAP_MODES, EngineConfig
+from kvtier.engine.flash_swap import ALLOCATORS
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:

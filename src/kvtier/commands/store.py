@@ -4,7 +4,7 @@ import argparse
 import time
 
 from kvtier.commands.store_options import add_store_options
-from kvtier.store.store import DocumentStore
+from kvtier.docstore.document_store import DocumentStore
 from kvtier.units import format_size
 
 _COLUMNS = ("ID", "TOKENS", "SIZE", "MODEL", "LAST USE", "DOCUMENT")

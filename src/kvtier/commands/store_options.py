@@ -2,7 +2,7 @@
 
 import argparse
 
-from kvtier.store.store import DEFAULT_SIZE, ON_CORRUPT, DocumentStore
+from kvtier.docstore.document_store import DEFAULT_SIZE, ON_CORRUPT, DocumentStore
 
 
 def add_store_options(parser: argparse.ArgumentParser, reuse: bool = True) -> None:

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from kvtier.kv.geometry import model_geometry
+from kvtier.kv.model_geometry import model_geometry
 from kvtier.storage import IOStats
 
 TIERS = ("device", "host", "storage")

@@ -33,7 +33,7 @@ from kvtier.storage import K, V, IOEngine, IOStats, KVBlockFile, aligned_buffer
 
 
 class StoredPrefix(Protocol):
-    """The first `tokens` tokens' K/V of every layer, kept on disk elsewhere (kvtier.store.entry.StoredKV)."""
+    """The first `tokens` tokens' K/V of every layer, kept on disk elsewhere (kvtier.docstore.entry.StoredKV)."""
 
     tokens: int
 

@@ -39,7 +39,7 @@ Files (one concept each):
     protocol.py        shared-memory channel layout (with the K|V file's page crcs and two candidate areas) and the
                        24/16-byte pipe messages
     sketch_scorer.py   next-layer preparation, scoring into streamed score blocks (scorer process and host fallback)
-    scorer_process.py  the storage-side scorer process (`python -m kvtier.sparse.scorer_process`): scoring, and
+    scorer_process.py  the storage-side scorer process (`python -m kvtier.sparse.scorer.process`): scoring, and
                        for the lookahead, its candidates' reads
     candidate_reads.py the scorer's reads of the lookahead's candidates: best-scored slots, K/V checked, handed over
     candidates_first.py the scorer's disk: the next layer's sketch read waits while candidate reads are in flight

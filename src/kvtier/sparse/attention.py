@@ -26,7 +26,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvtier.errors import ConfigError
-from kvtier.threads import LAYER_STEP_THREADS, torch_threads
+from kvtier.sparse.threads import LAYER_STEP_THREADS, torch_threads
 
 if TYPE_CHECKING:
     from kvtier.sparse.layer import SparseLayer
@@ -57,7 +57,7 @@ def _sparse_attention(inner_name: str) -> Callable:
             scaling = kwargs.get("scaling")
             layer.observe(query, scaling if scaling is not None else query.shape[-1] ** -0.5)
             return inner(module, query, key, value, attention_mask, **kwargs)
-        with torch_threads(LAYER_STEP_THREADS):  # small products: a helper would only add a wait (kvtier.threads)
+        with torch_threads(LAYER_STEP_THREADS):  # small products: a helper would only add a wait (kvtier.sparse.threads)
             return layer.attend(module, query, attention_mask, inner, **kwargs)
 
     return attention

@@ -21,9 +21,9 @@ from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from kvtier.errors import ConfigError
 from kvtier.kv.contract import SelectiveKVCache
-from kvtier.kv.geometry import model_geometry, text_config
+from kvtier.kv.model_geometry import model_geometry, text_config
 from kvtier.sparse import attention
-from kvtier.sparse.cold_image import ColdImage, save_image
+from kvtier.sparse.cold.cold_image import ColdImage, save_image
 from kvtier.sparse.layer import SparseLayer
 from kvtier.sparse.lookahead import Lookahead, QueryForecast
 from kvtier.sparse.runtime import SparseRuntime

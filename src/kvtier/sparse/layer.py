@@ -41,12 +41,12 @@ import torch
 
 from kvtier.kv.gather import take_tokens
 from kvtier.kv.windowed import WindowedLayer
-from kvtier.sparse.cold_image import ImagedLayer
-from kvtier.sparse.cold_pool import Fetched
-from kvtier.sparse.hit_table import HitTable
-from kvtier.sparse.hot_pool import HotPool
-from kvtier.sparse.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
-from kvtier.sparse.placement import seed_hits, selection_importance, split_hot_cold
+from kvtier.sparse.cold.cold_image import ImagedLayer
+from kvtier.sparse.cold.cold_pool import Fetched
+from kvtier.sparse.hot.hit_table import HitTable
+from kvtier.sparse.hot.hot_pool import HotPool
+from kvtier.sparse.hot.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
+from kvtier.sparse.hot.initial_placement import seed_hits, selection_importance, split_hot_cold
 from kvtier.sparse.selection import (
     Picks, Segment, candidate_scores, candidates_in_place, chosen_copied, chosen_in_place, exact_attention, shortlist,
     weighs_in_place, window_segment,

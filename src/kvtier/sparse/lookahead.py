@@ -50,8 +50,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from kvtier.sparse import _summed_query
-from kvtier.sparse.cold_pool import Fetched
+from kvtier.kernels import _summed_query
+from kvtier.sparse.cold.cold_pool import Fetched
 from kvtier.sparse.selection import MIN_CANDIDATES, candidate_counts
 
 
@@ -64,6 +64,9 @@ class QueryForecast:
         self.kv_heads, self.summed = kv_heads, summed
         self.hidden: torch.Tensor | None = None
         self.rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        # The captured token of each sequence: the last one of a [B, T] forward; in the serving engine's packed
+        # [1, N] forward, where this cache's sequence sits (the engine sets it before the forward).
+        self.row = -1
         self._folded_projections: dict[int, FoldedProjection | None] = {}
         self._rotation: torch.Tensor | None = None  # the step's rotary as the folded query takes it
         self._rotation_of: tuple[torch.Tensor, torch.Tensor] | None = None  # the rotary it was made from
@@ -78,7 +81,7 @@ class QueryForecast:
         form), predicted from the last captured hidden state."""
         folded = self._folded(layer_idx) if self.summed else None
         if folded is not None:
-            return folded.summed_query(self.hidden.select(1, -1), self._float_rotation())
+            return folded.summed_query(self.hidden.select(1, self.row), self._float_rotation())
         with torch.no_grad():
             query = self.predict(layer_idx).float()
             grouped = query.view(len(query), self.kv_heads, -1, query.shape[-1])
@@ -96,17 +99,17 @@ class QueryForecast:
             return self._rotated(query)
 
     def _normed(self, layer_idx: int) -> torch.Tensor:
-        return self.decoders[layer_idx].input_layernorm(self.hidden[:, -1])
+        return self.decoders[layer_idx].input_layernorm(self.hidden[:, self.row])
 
     def _rotated(self, query: torch.Tensor) -> torch.Tensor:
         """transformers' rotary embedding (apply_rotary_pos_emb) of a query [B, H, 1, D] at the current position."""
-        cos, sin = (part[:, None, -1:] for part in self.rotary)
+        cos, sin = (part[:, None, self.row].unsqueeze(2) for part in self.rotary)
         return query * cos + _rotated_half(query) * sin
 
     def _float_rotation(self) -> torch.Tensor:
         """The step's rotary at the current position as FoldedProjection.summed_query takes it, made once per step."""
         if self._rotation_of is not self.rotary:
-            cos, sin = (part[:, -1:].float() for part in self.rotary)
+            cos, sin = (part[:, self.row].unsqueeze(1).float() for part in self.rotary)
             half = sin.shape[-1] // 2
             signed_sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
             self._rotation = torch.stack([cos, signed_sin], dim=1)[:, :, None]

@@ -29,7 +29,7 @@ the selected tokens' values, the scorer process reading O_DIRECT sketches, cold 
 them per machine, storage device, geometry and torch thread count in
 `~/.cache/kvtier/sparse-calibration.json`; `refresh=True` measures again. The host rates scale with
 the thread count, so they are measured on the threads a sparse layer's step runs on
-(`kvtier.threads.LAYER_STEP_THREADS`), whatever the model's decode uses.
+(`kvtier.sparse.threads.LAYER_STEP_THREADS`), whatever the model's decode uses.
 The measurements behind the round trip, the skew estimate and the per-thread key: docs/decisions.md.
 """
 
@@ -48,16 +48,16 @@ import numpy as np
 import torch
 
 from kvtier.paths import cache_dir
-from kvtier.sparse.cold_pool import ColdPool, kv_record_bytes
-from kvtier.sparse.hot_pool import HotPool
-from kvtier.sparse.placement import split_hot_cold
+from kvtier.sparse.cold.cold_pool import ColdPool, kv_record_bytes
+from kvtier.sparse.hot.hot_pool import HotPool
+from kvtier.sparse.hot.initial_placement import split_hot_cold
 from kvtier.sparse.protocol import Channel, ChannelSpec
-from kvtier.sparse.scorer_client import ScorerClient
+from kvtier.sparse.scorer.client import ScorerClient
 from kvtier.sparse.selection import PooledSegment, weighs_in_place
 from kvtier.sparse.settings import SparseSettings
-from kvtier.sparse.sketch import SketchFormat
+from kvtier.sparse.cold.sketch import SketchFormat
 from kvtier.storage import IOEngine
-from kvtier.threads import LAYER_STEP_THREADS, torch_threads
+from kvtier.sparse.threads import LAYER_STEP_THREADS, torch_threads
 
 log = logging.getLogger(__name__)
 CALIBRATION_TOKENS = 16384

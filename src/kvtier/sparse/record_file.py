@@ -21,7 +21,7 @@ With `page_checksums`, the file keeps a crc32c of every page it wrote (in its
 own memory, or in shared memory where another process reads the file too) and
 checks every page it reads against it (fetches and the edge pages
 of a read-modify-write alike), all pages of a read in one compiled call
-(storage/crc32c_units.c), not one Python call per record or page. Both
+(kernels/crc32c_units.c), not one Python call per record or page. Both
 cold-pool files keep them; a stored image persists them (cold_image.py), so a
 file opened read-only with `stored_pages` is checked by another process too
 (the scorer checks a stored image's sketches the same way).

@@ -14,16 +14,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvtier.sparse.cold_image import KV, SKETCH, ColdImage, image_key
-from kvtier.sparse.cold_pool import ColdPool, kv_record_bytes
+from kvtier.sparse.cold.cold_image import KV, SKETCH, ColdImage, image_key
+from kvtier.sparse.cold.cold_pool import ColdPool, kv_record_bytes
 from kvtier.sparse.lookahead import Lookahead, candidate_capacity
-from kvtier.sparse.migration import make_policy
+from kvtier.sparse.hot.migration import make_policy
 from kvtier.sparse.planner import Plan, Throughputs, load_or_calibrate, plan_split, predicted_times
-from kvtier.sparse.promotion_price import PromotionPrice
+from kvtier.sparse.hot.promotion_price import PromotionPrice
 from kvtier.sparse.protocol import CONTROL_CANDIDATE_READ_BYTES, CONTROL_SCORER_READ_BYTES, Channel, ChannelSpec
-from kvtier.sparse.scorer_client import ScorerClient
+from kvtier.sparse.scorer.client import ScorerClient
 from kvtier.sparse.settings import SparseSettings
-from kvtier.sparse.sketch import SketchFormat
+from kvtier.sparse.cold.sketch import SketchFormat
 from kvtier.sparse.stats import SparseStats
 from kvtier.storage import IOEngine, IOStats
 

@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from kvtier.kv.gather import select_columns
-from kvtier.sparse import _candidate_dots, _chosen_values
-from kvtier.sparse.hot_pool import importance
-from kvtier.sparse.top_share import split, top_share
+from kvtier.kernels import _candidate_dots, _chosen_values
+from kvtier.sparse.hot.hot_pool import importance
+from kvtier.kernels.top_share import split, top_share
 
 MIN_CANDIDATES = 16  # the fewest cold tokens a sequence's shortlist holds (where the pool has them)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
-from kvtier.sparse.migration import POLICIES
-from kvtier.sparse.sketch import AGGREGATIONS, SCORE_BITS
+from kvtier.sparse.hot.migration import POLICIES
+from kvtier.sparse.cold.sketch import AGGREGATIONS, SCORE_BITS
 
 
 @dataclass(frozen=True)

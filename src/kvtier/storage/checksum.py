@@ -13,7 +13,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from kvtier.storage import _crc32c_units
+from kvtier.kernels import _crc32c_units
 from kvtier.storage.aligned import aligned_buffer, byte_view
 from kvtier.storage.geometry import PAGE, round_up
 

@@ -1,0 +1,71 @@
+"""Runs one engine step through the real model: packs the scheduled tokens, stores their KV, returns logits.
+
+The scheduler decides *which* tokens run; this module turns that into one
+forward: input ids and positions packed as [1, N], each token's pool slot
+(block, offset) from its sequence's block table, and logits only for the
+sequences whose pending tokens all ran this step (they sample their next token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvtier.engine.kv_pool import KVPool
+from kvtier.engine.paged_attention import PagedBatch, Segment, register
+from kvtier.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """`num_tokens` tokens of `seq`, starting at its first uncomputed token."""
+
+    seq: Sequence
+    num_tokens: int
+
+    @property
+    def completes(self) -> bool:
+        """True when this chunk reaches the last token, so the step yields the next token."""
+        return self.seq.num_computed + self.num_tokens == self.seq.num_tokens
+
+
+class ModelRunner:
+    """Owns the model's attention implementation while the engine lives; restores it on close."""
+
+    def __init__(self, model: torch.nn.Module, pool: KVPool) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = pool.device
+        self._previous_attention = model.config._attn_implementation
+        model.set_attn_implementation(register())
+
+    def close(self) -> None:
+        self.model.set_attn_implementation(self._previous_attention)
+
+    @torch.inference_mode()
+    def run(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Forward the chunks; return the last-position logits [n, vocab] of the n completing chunks, in order."""
+        ids, positions, blocks, offsets, segments, sample_rows = [], [], [], [], [], []
+        start = 0
+        block_tokens = self.pool.block_tokens
+        for chunk in chunks:
+            seq, first = chunk.seq, chunk.seq.num_computed
+            span = range(first, first + chunk.num_tokens)
+            ids.extend(seq.token_ids[first:first + chunk.num_tokens])
+            positions.extend(span)
+            blocks.extend(seq.block_table[p // block_tokens] for p in span)
+            offsets.extend(p % block_tokens for p in span)
+            covered = -(-span.stop // block_tokens)
+            segments.append(Segment(start, chunk.num_tokens, first,
+                                    torch.tensor(seq.block_table[:covered], dtype=torch.long, device=self.device)))
+            start += chunk.num_tokens
+            if chunk.completes:
+                sample_rows.append(start - 1)
+        batch = PagedBatch(self.pool, self._long(blocks), self._long(offsets), tuple(segments))
+        logits = self.model(input_ids=self._long(ids)[None], position_ids=self._long(positions)[None],
+                            use_cache=False, paged_batch=batch, logits_to_keep=self._long(sample_rows)).logits
+        return logits[0]
+
+    def _long(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -1,0 +1,254 @@
+"""Continuous batching with preemption: which tokens run in the next forward, and whose KV leaves the device.
+
+Each `schedule()` call, in this order (every decision depends only on the
+requests and the pool, never on I/O timing, so the flash and DRAM backends
+produce the same schedule, the same swaps and therefore the same outputs):
+
+1. Finish last step's swap-outs: wait for each write (normally long done, as it
+   overlapped the previous forward) and only then free its device blocks.
+2. Swap in swapped sequences, oldest first, while the pool has room for them
+   plus one block per running sequence, so a sequence brought back never takes
+   the blocks a stalled sequence preempted someone to get (that ping-pong,
+   swapping the same victims out and in every step, is what a smaller margin
+   produced). Synchronous: the KV is back before the sequence's next step. A
+   failed or corrupted read (ChecksumError) turns into a recompute, recorded in
+   the sequence's warnings.
+3. Admit waiting sequences (new or to recompute) when the pool holds their
+   prompt plus vLLM's watermark (1% of the pool), and only when no swapped
+   sequence is waiting (swapped ones go first, as in vLLM). Running sequences
+   then grow into the rest and preemption handles it when they outgrow it; the
+   earlier rule (one spare block per running sequence) admitted so cautiously
+   that the benchmark workloads ran almost one at a time and never swapped.
+4. Plan the forward: running sequences by priority then arrival get their next
+   tokens (one for a decode, a chunk for a prefill, within a token budget) if
+   their blocks can grow. When the pool is out, a victim is preempted: lowest
+   priority first, among equals the least recently run (a sequence stalled for
+   blocks goes first), then the latest arrival; with no one left to evict, the
+   sequence preempts itself (vLLM's rule). A swap-out is submitted and the
+   batch keeps stepping; the sequence that needed room waits one step. A
+   full swap space (FlashFullError) or no swap backend means recompute: the
+   victim's blocks are freed at once and it re-enters the waiting queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+
+from kvtier.errors import ChecksumError, ConfigError, StorageError
+from kvtier.engine.block_manager import BlockManager, blocks_for
+from kvtier.engine.model_runner import ScheduledChunk
+from kvtier.engine.sequence import Sequence, Status
+from kvtier.engine.swap import PendingSwapOut, SwapBackend
+from kvtier.storage.flash_log import FlashFullError
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0
+    preemptions: int = 0
+    swap_outs: int = 0
+    swap_ins: int = 0
+    recomputes: int = 0
+    swap_full_fallbacks: int = 0
+    swap_failures: int = 0
+    checksum_failures: int = 0
+    stalls: int = 0  # sequence-steps skipped while waiting for blocks
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Scheduler:
+    """Queues of sequences and the policy that moves them between device, swap space and recompute."""
+
+    def __init__(self, blocks: BlockManager, swap: SwapBackend | None, max_num_seqs: int = 32,
+                 max_batched_tokens: int = 512) -> None:
+        if max_num_seqs < 1 or max_batched_tokens < 1:
+            raise ConfigError(f"max_num_seqs and max_batched_tokens must be positive, "
+                              f"got {max_num_seqs} and {max_batched_tokens}")
+        self.blocks = blocks
+        self.swap = swap
+        self.max_num_seqs = max_num_seqs
+        self.max_batched_tokens = max_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self.swapping_out: list[tuple[Sequence, PendingSwapOut]] = []
+        self.stats = SchedulerStats()
+        self._last_run: dict[int, int] = {}
+
+    def add(self, seq: Sequence) -> None:
+        needed = blocks_for(seq.max_tokens, self.blocks.block_tokens)
+        if needed > self.blocks.num_blocks:
+            raise ConfigError(
+                f"request {seq.request_id} may need {seq.max_tokens} tokens = {needed} KV blocks, but the device "
+                f"pool has {self.blocks.num_blocks}; raise the device KV budget or lower max_new_tokens")
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped or self.swapping_out)
+
+    def schedule(self) -> list[ScheduledChunk]:
+        """Move sequences between queues and return the chunks of the next forward (maybe empty)."""
+        self.stats.steps += 1
+        self._finish_swap_outs()
+        self._swap_in()
+        if not self.swapped:
+            self._admit()
+        return self._plan()
+
+    def finish(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        self._last_run.pop(seq.request_id, None)
+        seq.status = Status.FINISHED
+
+    def abort(self, seq: Sequence) -> None:
+        """Take `seq` out of whichever queue holds it and free its device blocks and swap slots."""
+        if seq.status is Status.SWAPPING_OUT:  # its write reads the blocks: let it land, then drop both
+            pending = next(p for s, p in self.swapping_out if s is seq)
+            self.swapping_out = [(s, p) for s, p in self.swapping_out if s is not seq]
+            pending.future.exception()
+            self.swap.discard(pending.slots)
+        elif seq.status is Status.SWAPPED:
+            self.swapped.remove(seq)
+            self.swap.discard(seq.swap_slots)
+            seq.swap_slots = []
+        elif seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.blocks.release(seq)
+        self._last_run.pop(seq.request_id, None)
+        seq.status = Status.FINISHED
+
+    def close(self) -> None:
+        """Wait for swap-outs in flight (their writes read pool memory)."""
+        for _, pending in self.swapping_out:
+            pending.future.exception()
+        self.swapping_out.clear()
+
+    # ----- the four phases -----
+
+    def _finish_swap_outs(self) -> None:
+        for seq, pending in self.swapping_out:
+            try:
+                pending.wait()
+            except StorageError as error:  # the copy failed: the slots are garbage, recompute the sequence
+                self.swap.discard(pending.slots)
+                self.stats.swap_failures += 1
+                self._recompute(seq, f"swap-out failed, recomputed: {error}")
+                continue
+            self.blocks.release(seq)
+            seq.swap_slots = pending.slots
+            seq.status = Status.SWAPPED
+            self.swapped.append(seq)
+        self.swapping_out.clear()
+
+    def _swap_in(self) -> None:
+        while self.swapped and len(self.running) < self.max_num_seqs:
+            seq = self.swapped[0]
+            if self.blocks.num_free < len(seq.swap_slots) + len(self.running):
+                return
+            self.swapped.popleft()
+            device_blocks = self.blocks.allocate(len(seq.swap_slots))
+            try:
+                self.swap.swap_in(seq.swap_slots, device_blocks)
+            except StorageError as error:
+                self.blocks.free(device_blocks)
+                if isinstance(error, ChecksumError):
+                    self.stats.checksum_failures += 1
+                else:
+                    self.stats.swap_failures += 1
+                seq.swap_slots = []
+                self._recompute(seq, f"swap-in failed, recomputed: {error}")
+                continue
+            seq.block_table, seq.swap_slots = device_blocks, []
+            self.stats.swap_ins += 1
+            self._start_running(seq)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if self.blocks.num_free < blocks_for(seq.num_tokens, self.blocks.block_tokens) + self._watermark():
+                return
+            self.waiting.popleft()
+            self.blocks.grow(seq, seq.num_tokens)
+            self._start_running(seq)
+
+    def _plan(self) -> list[ScheduledChunk]:
+        chunks: list[ScheduledChunk] = []
+        budget = self.max_batched_tokens
+        # Decodes first (one token each), then prefill chunks, each group by priority then arrival.
+        order = sorted(self.running, key=lambda s: (s.pending_tokens() > 1, -s.sampling.priority, s.request_id))
+        for seq in order:
+            if seq not in self.running:  # preempted as a victim earlier in this loop
+                continue
+            count = min(seq.pending_tokens(), budget)
+            if count == 0:
+                break
+            needed = self.blocks.blocks_needed(seq, seq.num_computed + count)
+            if needed > self.blocks.num_free:
+                scheduled = {chunk.seq.request_id for chunk in chunks}
+                if not self._make_room(needed, exclude=scheduled | {seq.request_id}):
+                    self._preempt(seq)  # nobody left to evict: it yields its own blocks, as in vLLM
+                    continue
+            if needed > self.blocks.num_free:
+                self.stats.stalls += 1  # room is coming from a swap-out in flight: wait one step
+                continue
+            self.blocks.grow(seq, seq.num_computed + count)
+            chunks.append(ScheduledChunk(seq, count))
+            self._last_run[seq.request_id] = self.stats.steps
+            budget -= count
+        return chunks
+
+    # ----- preemption -----
+
+    def _make_room(self, needed: int, exclude: set[int]) -> bool:
+        """Preempt victims until `needed` blocks are free now or freed by swap-outs in flight; False if impossible."""
+        coming = sum(len(seq.block_table) for seq, _ in self.swapping_out)
+        candidates = sorted((s for s in self.running if s.request_id not in exclude), key=self._victim_key)
+        for victim in candidates:
+            if self.blocks.num_free + coming >= needed:
+                return True
+            coming += self._preempt(victim)
+        return self.blocks.num_free + coming >= needed
+
+    def _victim_key(self, seq: Sequence) -> tuple[int, int, int]:
+        return seq.sampling.priority, self._last_run.get(seq.request_id, -1), -seq.request_id
+
+    def _preempt(self, victim: Sequence) -> int:
+        """Swap out or drop `victim`; return the blocks that will come free when its swap-out completes."""
+        self.running.remove(victim)
+        self.stats.preemptions += 1
+        if self.swap is not None:
+            try:
+                pending = self.swap.swap_out(victim.block_table)
+            except FlashFullError:
+                self.stats.swap_full_fallbacks += 1
+            else:
+                victim.status = Status.SWAPPING_OUT
+                victim.swap_outs += 1
+                self.stats.swap_outs += 1
+                self.swapping_out.append((victim, pending))
+                return len(victim.block_table)
+        self._recompute(victim, None)
+        return 0
+
+    def _recompute(self, seq: Sequence, warning: str | None) -> None:
+        self.blocks.release(seq)
+        seq.reset_for_recompute()
+        if warning:
+            seq.warnings.append(warning)
+        self.stats.recomputes += 1
+        self.waiting.appendleft(seq)
+
+    def _start_running(self, seq: Sequence) -> None:
+        seq.status = Status.RUNNING
+        self._last_run[seq.request_id] = self.stats.steps
+        self.running.append(seq)
+
+    def _watermark(self) -> int:
+        """Blocks kept free when admitting a sequence: vLLM's watermark, 1% of the pool rounded down."""
+        return self.blocks.num_blocks // 100

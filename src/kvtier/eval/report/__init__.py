@@ -1,0 +1,1 @@
+"""`bench report`: REPORT.md and its plots from whatever result files exist."""

@@ -1,0 +1,188 @@
+"""`kvtier bench http`: the HTTP server under 1..64 concurrent streaming clients, against the offline engine.
+
+For each swap backend (flash, DRAM) a server is started in this process (uvicorn on loopback, the
+engine on its thread) and, for each client count c, c closed-loop clients stream `requests(c)`
+completions through it (each client sends its next request when the previous one finished). The
+same prompts then run through the offline engine (`LLMEngine.generate`, as `kvtier batch` runs)
+with `max_num_seqs = c`, which is what c closed-loop clients allow the server: at most c sequences
+at a time, a new one admitted as one finishes. Server throughput / offline throughput is the cost
+of serving over HTTP (target >= 0.9).
+
+Each server start is followed by one untimed warm-up pass (the first forwards of a process pay for
+kernel set-up). Measured per run: generated tokens / wall seconds; time to first token (request sent -> first
+streamed text) and inter-token latency (gaps between streamed chunks, one token each) at p50/p99.
+Repeats alternate the backend order and the server/offline order; the tables give medians over
+repeats with the spread (min-max). The clients (`load_client`) run in a process of their own, as
+a real client would: in the server's process their JSON parsing took the interpreter from the
+engine thread (docs/decisions.md). They still share the machine's cores with the server.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, replace
+from multiprocessing import get_context
+from typing import Any
+
+from kvtier.eval.serving.load_client import LevelRun, drive
+from kvtier.engine.serving_engine import EngineConfig, LLMEngine
+from kvtier.engine.sequence import SamplingParams
+from kvtier.http.app import create_app
+from kvtier.http.backend import ServerSettings, build_backend
+from kvtier.http.runner import ServerThread
+
+CLIENT_LEVELS = (1, 8, 32, 64)
+BACKENDS = ("flash", "dram")
+SERVED_NAME = "bench"
+Progress = Callable[[str], None]
+
+
+def requests_for(clients: int, per_client: int, minimum: int) -> int:
+    """Requests of a level: `per_client` per client, at least `minimum` (so one client gives several samples)."""
+    return max(clients * per_client, minimum)
+
+
+def offline_tokens_per_s(llm: Any, ids: list[list[int]], config: EngineConfig, clients: int, new_tokens: int) -> float:
+    """The offline engine on the same prompts, at most `clients` sequences at a time (engine set-up untimed).
+
+    Its flash file sits next to the server's (`.offline`): the server's engine keeps its own open.
+    """
+    flash_path = f"{config.flash_path}.offline" if config.flash_path else None
+    with LLMEngine.from_llm(llm, replace(config, max_num_seqs=clients, flash_path=flash_path)) as engine:
+        started = time.perf_counter()
+        outputs = engine.generate(ids, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+        wall = time.perf_counter() - started
+    return sum(len(output.token_ids) for output in outputs) / wall
+
+
+def percentile(values: list[float], share: float) -> float:
+    """Nearest-rank percentile (0 < share <= 1) of a non-empty sample."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(share * len(ordered)) - 1))]
+
+
+def run_http_benchmark(llm: Any, prompts: list[str], config: EngineConfig, levels: tuple[int, ...],
+                       per_client: int, minimum: int, new_tokens: int, repeats: int,
+                       say: Progress = print) -> dict[str, Any]:
+    """Every (backend, level) cell, medians over `repeats` alternating runs, as one JSON-ready dict."""
+    needed = requests_for(max(levels), per_client, minimum)
+    if len(prompts) < needed:
+        raise ValueError(f"{needed} prompts needed, {len(prompts)} given")
+    ids = [list(llm.tokenizer(prompt)["input_ids"]) for prompt in prompts]
+    samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    clients_process = ProcessPoolExecutor(1, mp_context=get_context("spawn"))
+    try:
+        _measure(llm, prompts, ids, config, levels, per_client, minimum, new_tokens, repeats, clients_process,
+                 samples, say)
+    finally:
+        clients_process.shutdown()
+    return {"levels": list(levels), "backends": list(BACKENDS), "repeats": repeats, "new_tokens": new_tokens,
+            "requests": {str(c): requests_for(c, per_client, minimum) for c in levels},
+            "engine": asdict(config) | {"swap": "per backend"},
+            "cells": [_summary(backend, clients, runs) for (backend, clients), runs in samples.items()]}
+
+
+def _measure(llm: Any, prompts: list[str], ids: list[list[int]], config: EngineConfig, levels: tuple[int, ...],
+             per_client: int, minimum: int, new_tokens: int, repeats: int, clients_process: ProcessPoolExecutor,
+             samples: dict[tuple[str, int], list[dict[str, Any]]], say: Progress) -> None:
+    """Fill `samples` with one cell per (backend, level) and repeat, in alternating orders."""
+    for repeat in range(repeats):
+        for backend in BACKENDS if repeat % 2 == 0 else tuple(reversed(BACKENDS)):
+            swap_config = replace(config, swap=backend)
+            server_first = repeat % 2 == 0
+            with BenchServer(llm, swap_config) as (server, engine_stats):
+                def served(count: int, clients: int) -> LevelRun:
+                    return clients_process.submit(drive, server.url, SERVED_NAME, prompts[:count], clients,
+                                                  new_tokens).result()
+
+                served(minimum, min(levels))  # warm-up, untimed
+                engine_stats()
+                for clients in levels:
+                    count = requests_for(clients, per_client, minimum)
+                    cell = _cell(llm, lambda: served(count, clients), ids[:count], swap_config, clients,
+                                 new_tokens, server_first)
+                    cell["swap_outs"] = engine_stats()
+                    samples.setdefault((backend, clients), []).append(cell)
+                    say(f"[bench http] repeat {repeat + 1}/{repeats} {backend} c={clients}: server "
+                        f"{cell['server_tokens_per_s']:.1f} tok/s, offline {cell['offline_tokens_per_s']:.1f} tok/s, "
+                        f"TTFT p50 {cell['ttft_p50_s'] * 1000:.0f} ms")
+
+
+def _cell(llm: Any, served: Callable[[], LevelRun], ids: list[list[int]], config: EngineConfig, clients: int,
+          new_tokens: int, server_first: bool) -> dict[str, Any]:
+    def offline() -> float:
+        return offline_tokens_per_s(llm, ids, config, clients, new_tokens)
+
+    if server_first:
+        run, offline_rate = served(), offline()
+    else:
+        offline_rate = offline()
+        run = served()
+    if run.tokens != len(ids) * new_tokens:
+        raise RuntimeError(f"the server generated {run.tokens} tokens, {len(ids) * new_tokens} were asked for")
+    return {"server_tokens_per_s": run.tokens_per_s, "offline_tokens_per_s": offline_rate,
+            "ratio": run.tokens_per_s / offline_rate, "wall_s": run.wall_s,
+            "ttft_p50_s": percentile(run.ttft_s, 0.5), "ttft_p99_s": percentile(run.ttft_s, 0.99),
+            "itl_p50_s": percentile(run.itl_s, 0.5), "itl_p99_s": percentile(run.itl_s, 0.99)}
+
+
+def _summary(backend: str, clients: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median of each measure over the repeats, and its spread."""
+    cell: dict[str, Any] = {"backend": backend, "clients": clients, "runs": runs}
+    for name in runs[0]:
+        values = [run[name] for run in runs]
+        cell[name] = statistics.median(values)
+        cell[f"{name}_spread"] = [min(values), max(values)]
+    return cell
+
+
+class BenchServer:
+    """A server for `config` on a thread; yields it and a reader of its engine's swap-out count so far."""
+
+    def __init__(self, llm: Any, config: EngineConfig) -> None:
+        self._backend = build_backend(llm, config, ServerSettings(SERVED_NAME))
+        self._thread = ServerThread(create_app(self._backend))
+        self._last = 0
+
+    def _swap_outs_since_last(self) -> int:
+        total = self._backend.engine_loop.snapshot.swap_outs
+        new, self._last = total - self._last, total
+        return new
+
+    def __enter__(self) -> tuple[ServerThread, Callable[[], int]]:
+        return self._thread, self._swap_outs_since_last
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.stop()
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """The benchmark as one table per backend plus the method in two lines."""
+    engine = result["engine"]
+    lines = [f"# HTTP server benchmark: {result['model']}", "",
+             f"`{result['command']}`", "",
+             f"Each request streams {result['new_tokens']} tokens (ignore_eos) through /v1/completions; requests "
+             f"per level {', '.join(f'{c}: {n}' for c, n in result['requests'].items())}; device pool "
+             f"{engine['device_blocks']} blocks of {engine['block_tokens']} tokens; medians of {result['repeats']} "
+             "alternating repeats, spread (min-max) in brackets. Offline: the same prompts through the engine "
+             "with max_num_seqs = clients.", ""]
+    for backend in result["backends"]:
+        lines += [f"## {backend} swap", "",
+                  "| clients | server tok/s | offline tok/s | server / offline | TTFT p50 ms | TTFT p99 ms "
+                  "| ITL p50 ms | ITL p99 ms | swap-outs |", "|---|---|---|---|---|---|---|---|---|"]
+        for cell in (c for c in result["cells"] if c["backend"] == backend):
+            lines.append(f"| {cell['clients']} | {_spread(cell, 'server_tokens_per_s')} | "
+                         f"{_spread(cell, 'offline_tokens_per_s')} | {_spread(cell, 'ratio', 3)} | "
+                         f"{_spread(cell, 'ttft_p50_s', 0, 1000)} | {_spread(cell, 'ttft_p99_s', 0, 1000)} | "
+                         f"{_spread(cell, 'itl_p50_s', 0, 1000)} | {_spread(cell, 'itl_p99_s', 0, 1000)} | "
+                         f"{cell['swap_outs']:.0f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _spread(cell: dict[str, Any], name: str, digits: int = 1, scale: float = 1.0) -> str:
+    low, high = cell[f"{name}_spread"]
+    return f"{cell[name] * scale:.{digits}f} [{low * scale:.{digits}f}-{high * scale:.{digits}f}]"

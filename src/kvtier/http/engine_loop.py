@@ -1,0 +1,165 @@
+"""The continuous-batching engine stepping on a thread of its own, fed by the HTTP handlers.
+
+The engine is not thread-safe, so only this thread touches it: handlers queue
+commands (add a request, abort one, stop) and the thread applies them between
+steps. Each generated token goes to its request's `TokenStream`. When nothing is
+running the thread sleeps on the command queue instead of spinning.
+
+After every step, before handing out its tokens, the thread publishes an
+`EngineSnapshot` (queue lengths, free blocks, swap traffic), which /metrics reads
+without reaching into the engine: a client that got its last token and then
+scrapes sees the state after that step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass
+
+from kvtier.errors import KvtierError
+from kvtier.engine.serving_engine import LLMEngine
+from kvtier.engine.sequence import SamplingParams
+from kvtier.http.token_stream import SHUTTING_DOWN, Finished, TokenStream, deliver
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What /metrics reports about the engine, taken on the engine thread after a step."""
+
+    running: int
+    waiting: int
+    swapped: int
+    device_blocks: int
+    device_blocks_free: int
+    block_bytes: int
+    swap_backend: str  # "flash", "dram" or "recompute"
+    swap_slots: int
+    swap_slots_live: int
+    swap_file_bytes: int  # the flash file's size on disk (0 for DRAM / recompute)
+    swap_outs: int
+    swap_ins: int
+    swap_out_bytes: int
+    swap_in_bytes: int
+    preemptions: int
+    recomputes: int
+
+
+def take_snapshot(engine: LLMEngine) -> EngineSnapshot:
+    scheduler, swap = engine.scheduler, engine.swap
+    file = getattr(swap, "file", None)
+    return EngineSnapshot(
+        running=len(scheduler.running), waiting=len(scheduler.waiting),
+        swapped=len(scheduler.swapped) + len(scheduler.swapping_out),
+        device_blocks=engine.block_manager.num_blocks, device_blocks_free=engine.block_manager.num_free,
+        block_bytes=engine.pool.nbytes // engine.pool.num_blocks,
+        swap_backend=engine.config.swap, swap_slots=swap.num_slots if swap else 0,
+        swap_slots_live=swap.allocator.live if swap else 0,
+        swap_file_bytes=os.path.getsize(file.path) if file is not None else 0,
+        swap_outs=scheduler.stats.swap_outs, swap_ins=scheduler.stats.swap_ins,
+        swap_out_bytes=swap.stats.out_bytes if swap else 0, swap_in_bytes=swap.stats.in_bytes if swap else 0,
+        preemptions=scheduler.stats.preemptions, recomputes=scheduler.stats.recomputes)
+
+
+class EngineLoop:
+    """Runs `engine` on a daemon thread until `stop()`; the caller closes the engine afterwards."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.snapshot = take_snapshot(engine)
+        self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._streams: dict[int, TokenStream] = {}
+        self._thread = threading.Thread(target=self._run, name="kvtier-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams, stream: TokenStream) -> None:
+        self._commands.put(("add", prompt_ids, sampling, stream))
+
+    def abort(self, stream: TokenStream) -> None:
+        """End the stream's request (its tokens stop, its blocks are freed); safe to call more than once."""
+        self._commands.put(("abort", stream))
+
+    def stop(self, wait: bool = True) -> None:
+        """Fail every unfinished request ("abort", with a message), then end the thread (`wait`: and join it)."""
+        self._commands.put(("stop",))
+        if wait:
+            self._thread.join()
+
+    # ----- the engine thread -----
+
+    def _run(self) -> None:
+        while True:
+            idle = not self.engine.has_unfinished()
+            if not self._apply(self._commands.get() if idle else None):
+                return
+            if not self._drain():
+                return
+            if self.engine.has_unfinished():
+                self._step()
+            else:  # only commands ran (e.g. aborts): the step did not take a snapshot
+                self.snapshot = take_snapshot(self.engine)
+
+    def _drain(self) -> bool:
+        """Apply every queued command; False once `stop` was among them."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if not self._apply(command):
+                return False
+
+    def _apply(self, command: tuple | None) -> bool:
+        if command is None:
+            return True
+        kind, *args = command
+        if kind == "add":
+            self._add(*args)
+        elif kind == "abort":
+            self._abort(args[0], "abort")
+        else:
+            for stream in list(self._streams.values()):
+                self._abort(stream, "abort", SHUTTING_DOWN)
+            self.snapshot = take_snapshot(self.engine)
+            return False
+        return True
+
+    def _add(self, prompt_ids: list[int], sampling: SamplingParams, stream: TokenStream) -> None:
+        if stream.cancelled:  # the client left before its request reached the engine
+            stream.finish("abort")
+            return
+        try:
+            stream.request_id = self.engine.add_request(prompt_ids, sampling)
+        except KvtierError as error:  # the front end checks sizes first; this is the engine's last word
+            stream.finish("error", str(error))
+            return
+        self._streams[stream.request_id] = stream
+
+    def _abort(self, stream: TokenStream, reason: str, error: str | None = None) -> None:
+        if stream.request_id is None or self._streams.pop(stream.request_id, None) is None:
+            return  # never added, or already finished
+        self.engine.abort(stream.request_id)
+        stream.finish(reason, error)
+
+    def _step(self) -> None:
+        try:
+            events = self.engine.step_events()
+        except Exception as error:  # an engine bug must not take the server down: fail what was in flight
+            log.exception("engine step failed; failing %d requests", len(self._streams))
+            for stream in list(self._streams.values()):
+                self._abort(stream, "error", f"engine step failed: {error}")
+            self.snapshot = take_snapshot(self.engine)
+            return
+        self.snapshot = take_snapshot(self.engine)  # before any client hears of this step's results
+        items: list[tuple[TokenStream, int | Finished]] = []
+        for event in events:
+            stream = self._streams[event.request_id]
+            items.append((stream, event.token_id))
+            if event.output is not None:
+                del self._streams[event.request_id]
+                items.append((stream, Finished(event.output.finish_reason)))
+        deliver(items)

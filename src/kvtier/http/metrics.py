@@ -1,0 +1,105 @@
+"""Prometheus metrics of one server, named with a `kvtier:` prefix as vLLM prefixes its own with `vllm:`.
+
+Request-side metrics (tokens, latencies, finished requests) are recorded by the handlers as tokens
+reach them; engine-side ones (queues, blocks, swap traffic, flash file, sparse path) are read at
+scrape time from the engine loop's latest snapshot and the sparse path's counters. Each server
+has its own registry, so several servers in one process (tests, the benchmark) never mix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvtier.http.engine_loop import EngineSnapshot
+from kvtier.http.sparse_path import SparseCounters
+
+# Latencies of a CPU-served small model run from milliseconds to minutes under load.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class ServerMetrics:
+    """The registry behind /metrics and the request-side instruments."""
+
+    def __init__(self, engine: Callable[[], EngineSnapshot], sparse: Callable[[], SparseCounters]) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.prompt_tokens = Counter("kvtier:prompt_tokens", "Prompt tokens of admitted requests", registry=registry)
+        self.generation_tokens = Counter("kvtier:generation_tokens", "Generated tokens", registry=registry)
+        self.requests = Counter("kvtier:requests", "Requests admitted, by the path serving them", ["path"],
+                                registry=registry)
+        self.finished = Counter("kvtier:request_success", "Finished requests by finish reason", ["finished_reason"],
+                                registry=registry)
+        self.ttft = Histogram("kvtier:time_to_first_token_seconds", "Request arrival to its first token",
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.itl = Histogram("kvtier:inter_token_latency_seconds", "Time between consecutive tokens of a request",
+                             buckets=LATENCY_BUCKETS, registry=registry)
+        self.e2e = Histogram("kvtier:e2e_request_latency_seconds", "Request arrival to its last token",
+                             buckets=LATENCY_BUCKETS, registry=registry)
+        registry.register(_EngineCollector(engine, sparse))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: Callable[[], EngineSnapshot], sparse: Callable[[], SparseCounters]) -> None:
+        self._engine, self._sparse = engine, sparse
+
+    def collect(self) -> Iterator[Metric]:
+        engine, sparse = self._engine(), self._sparse()
+        yield _gauge("kvtier:num_requests_running", "Requests generating now", "path",
+                     {"paged": engine.running, "sparse": sparse.running})
+        yield _gauge("kvtier:num_requests_waiting", "Requests queued for admission", "path",
+                     {"paged": engine.waiting, "sparse": sparse.waiting})
+        yield _gauge("kvtier:num_requests_swapped", "Preempted requests whose KV sits in swap space", None,
+                     engine.swapped)
+        yield _gauge("kvtier:device_blocks_total", "KV blocks of the engine's device pool", None, engine.device_blocks)
+        yield _gauge("kvtier:device_blocks_free", "Free KV blocks of the device pool", None, engine.device_blocks_free)
+        yield _kv_bytes(engine, sparse)
+        yield _gauge("kvtier:swap_slots_total", "Block slots of the swap space (flash file or DRAM pool)", None,
+                     engine.swap_slots)
+        yield _gauge("kvtier:swap_slots_used", "Swap slots holding a swapped-out block", None, engine.swap_slots_live)
+        yield _gauge("kvtier:flash_file_bytes", "Size of the flash cache file on disk (0 without flash swap)", None,
+                     engine.swap_file_bytes)
+        for name, doc, value in (
+                ("kvtier:swap_outs", "Sequences swapped out", engine.swap_outs),
+                ("kvtier:swap_ins", "Sequences swapped back in", engine.swap_ins),
+                ("kvtier:swap_out_bytes", "Bytes written to swap space", engine.swap_out_bytes),
+                ("kvtier:swap_in_bytes", "Bytes read back from swap space", engine.swap_in_bytes),
+                ("kvtier:preemptions", "Sequences preempted for blocks", engine.preemptions),
+                ("kvtier:recomputes", "Sequences whose KV was dropped and recomputed", engine.recomputes),
+                ("kvtier:sparse_requests", "Requests finished on the sparse path", sparse.requests),
+                ("kvtier:sparse_cold_read_bytes", "Bytes the sparse path read from its cold pool on disk",
+                 sparse.cold_read_bytes),
+                ("kvtier:sparse_scorer_restarts", "Restarts of the sparse path's storage scorer process",
+                 sparse.scorer_restarts),
+                ("kvtier:sparse_reused_prompt_tokens", "Sparse-path prompt tokens loaded from the document KV store",
+                 sparse.reused_prompt_tokens),
+                ("kvtier:sparse_kv_store_read_bytes", "Bytes the sparse path read from the document KV store",
+                 sparse.kv_store_bytes_read)):
+            yield CounterMetricFamily(name, doc, value=value)
+
+
+def _kv_bytes(engine: EngineSnapshot, sparse: SparseCounters) -> GaugeMetricFamily:
+    """KV bytes per path and tier: the engine's device pool and swap space, the sparse request's three tiers."""
+    paged = {"device": (engine.device_blocks - engine.device_blocks_free) * engine.block_bytes}
+    if engine.swap_slots:  # flash or dram; recompute keeps no swapped KV
+        paged[engine.swap_backend] = engine.swap_slots_live * engine.block_bytes
+    family = GaugeMetricFamily("kvtier:kv_bytes", "KV bytes held now, per path and tier", labels=["path", "tier"])
+    for path, tiers in (("paged", paged), ("sparse", sparse.kv_bytes)):
+        for tier, value in tiers.items():
+            family.add_metric([path, tier], value)
+    return family
+
+
+def _gauge(name: str, doc: str, label: str | None, values: int | dict[str, int]) -> GaugeMetricFamily:
+    if label is None:
+        return GaugeMetricFamily(name, doc, value=values)
+    family = GaugeMetricFamily(name, doc, labels=[label])
+    for key, value in values.items():
+        family.add_metric([key], value)
+    return family

@@ -1,0 +1,1 @@
+"""The hot tier: host-DRAM pools scored by the host, the hit table, and the migration it drives."""
