@@ -11,12 +11,13 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtier.modes import KVConfig
+from kvtier.kv_config import KVConfig
 from kvtier.engine.serving_engine import EngineConfig
 from kvtier.http.app import create_app
-from kvtier.http.backend import Backend, ServerSettings, SparseSetup, build_backend
+from kvtier.http.backend import Backend, ServerSettings, build_backend
 from kvtier.http.runner import ServerThread
 from kvtier.docstore.document_store import DocumentStore
+from kvtier.tiered_kv import SparseTiers
 
 MODEL = "smollm2-135m"
 
@@ -25,15 +26,14 @@ MODEL = "smollm2-135m"
 def running_server(llm, directory: Path, api_key: str | None = None, sparse: bool = False,
                    **engine: object) -> Iterator[tuple[ServerThread, Backend]]:
     """Serve `llm` with `engine` (EngineConfig fields; flash file under `directory`) until the block ends."""
-    from kvtier.models.loader import load_model
-
-    config = EngineConfig(**({"block_tokens": 16, "io_threads": 2, "flash_path": str(directory / "flash.kvc")}
-                             | engine))
-    sparse_path = None
-    if sparse:  # small budgets, so a few hundred tokens already reach the cold pool on disk
-        kv = KVConfig(kv="sparse", device_kv_budget="8MiB", host_kv_budget="4MiB", storage_dir=str(directory))
-        sparse_path = SparseSetup(kv, lambda: load_model(MODEL), DocumentStore(directory / "store"))
-    backend = build_backend(llm, config, ServerSettings(MODEL, api_key), sparse_path)
+    # With `sparse`, long prompts are tiered: 4 MiB of host each, so a few hundred tokens already reach the cold pool.
+    config = EngineConfig(**({"block_tokens": 16, "io_threads": 2, "flash_path": str(directory / "flash.kvc"),
+                              "host_kv_budget": "16MiB", "max_tiered_seqs": 4} | engine))
+    tiers = None
+    if sparse:
+        kv = KVConfig(kv="sparse", storage_dir=str(directory))
+        tiers = SparseTiers(llm, kv, DocumentStore(directory / "store"))
+    backend = build_backend(llm, config, ServerSettings(MODEL, api_key), tiers)
     with ServerThread(create_app(backend), grace_over=backend.fail_unfinished) as server:
         yield server, backend
 

@@ -1,5 +1,6 @@
-"""The `kvtier` entry point: lazy command loading, help, unknown commands."""
+"""The `kvtier` entry point: lazy command loading, help, unknown commands, pipes closed early, SIGTERM."""
 
+import signal
 import subprocess
 import sys
 
@@ -8,12 +9,14 @@ import pytest
 from kvtier.cli import BENCH_COMMANDS, COMMANDS, build_parser, main
 
 
-def _imports_after(args: list[str]) -> set[str]:
-    """Heavy modules a fresh interpreter has loaded after running `kvtier ARGS` (a subprocess: this one has torch)."""
-    code = ("import sys; from kvtier.cli import main; rc = main(sys.argv[1:]); "
-            "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules)); sys.exit(rc)")
+def _imports_after(args: list[str], status: int = 0) -> set[str]:
+    """Heavy modules a fresh interpreter has loaded after running `kvtier ARGS` (a subprocess: this one has torch),
+    which must end with `status` (--help and argparse's errors end in SystemExit)."""
+    code = ("import sys\nfrom kvtier.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as end:\n"
+            "    rc = end.code\nprint(sorted(name for name in ('torch', 'transformers') if name in sys.modules))\n"
+            "sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == status, done.stderr
     return set(eval(done.stdout.strip().splitlines()[-1]))
 
 
@@ -26,11 +29,28 @@ def test_store_list_does_not_import_torch_or_transformers(tmp_path):
     assert _imports_after(["store", "list", "--kv-store", str(tmp_path / "store")]) == set()
 
 
+@pytest.mark.parametrize("args", [["--help"], ["bench", "--help"], ["generate", "--help"], ["serve", "--help"],
+                                  ["batch", "--help"], ["demo", "--help"]])
+def test_help_is_given_before_torch_is_imported(args):
+    assert _imports_after(args) == set()
+
+
+@pytest.mark.parametrize("args", [["generate", "--prompt", "x", "--alpha", "0"], ["generate", "--no-such-option"],
+                                  ["demo", "--beta", "-1"], ["serve", "--port", "70000"],
+                                  ["batch", "--file", "prompts.jsonl", "--swap", "tape"],
+                                  ["batch", "--file", "missing.jsonl", "--block-tokens", "8"]])
+def test_an_argument_error_is_reported_before_torch_is_imported(args):
+    assert _imports_after(args, status=2) == set()
+
+
 def test_a_named_command_builds_only_its_own_parser():
     parser = build_parser(["bench", "report", "--out", "x"])
     commands = parser._subparsers._group_actions[0].choices
-    assert set(commands) == {"bench"}
-    assert set(commands["bench"]._subparsers._group_actions[0].choices) == {"report"}
+    assert set(commands) == set(COMMANDS) | {"bench"}  # listed, by their summaries
+    bench = commands["bench"]._subparsers._group_actions[0].choices
+    assert "--results" in bench["report"]._option_string_actions
+    assert "--model" not in bench["sparse"]._option_string_actions
+    assert "--model" not in commands["generate"]._option_string_actions
 
 
 def test_help_and_unknown_commands_see_every_command(capsys):
@@ -42,3 +62,13 @@ def test_help_and_unknown_commands_see_every_command(capsys):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert "invalid choice: 'no-such-command'" in error and "generate" in error and "bench" in error
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """`kvtier cost --json | head -1`: the pipe closes before the report is written."""
+    process = subprocess.Popen([sys.executable, "-m", "kvtier.cli", "cost", "--json"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # the reader is gone before the command writes
+    stderr = process.stderr.read()
+    assert process.wait(timeout=300) == 128 + signal.SIGPIPE
+    assert stderr == ""

@@ -1,6 +1,6 @@
 """The declared layering ([tool.importlinter] in pyproject.toml) holds: layers import downward only,
-`kvtier.storage` and the storage scorer process import neither torch nor transformers, and no modules
-import each other in a circle."""
+`kvtier.storage`, `kvtier.kernels` and the storage scorer process import neither torch nor transformers,
+and no modules import each other in a circle."""
 
 import os
 import subprocess

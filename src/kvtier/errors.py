@@ -21,5 +21,10 @@ class ChecksumError(StorageError):
     """Data read back from a storage file does not match the checksum written with it."""
 
 
+class DamagedEntryError(StorageError):
+    """A document KV store entry, or the tiers a cache stored with it, that fails a check or is cut short: the entry
+    is damaged, never used."""
+
+
 class ContextTooLongError(KvtierError):
     """Prompt plus requested new tokens exceed the model's context window."""

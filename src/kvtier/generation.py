@@ -1,6 +1,5 @@
 """Greedy generation with a chosen KV mode: chunked prefill with progress, streamed decode, measured summary."""
 
-import logging
 import sys
 import time
 from collections.abc import Callable
@@ -9,19 +8,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm import tqdm
 
-from kvtier.errors import ChecksumError, StorageError
+from kvtier.docstore.document_store import DocumentStore, Match
+from kvtier.docstore.recovery import AnswerStream, PromptIn, StoredPrefixDropped
+from kvtier.docstore.reuse import PromptReuse
 from kvtier.kv.contract import tier_bytes
-from kvtier.kv.offload import OffloadCache
 from kvtier.models.prompts import check_context, prompt_ids
 from kvtier.modes import KVConfig, make_cache
-from kvtier.sparse.cache import SparseCache
-from kvtier.sparse.cold.cold_image import IMAGE_DIR, CorruptImage
-from kvtier.docstore.entry import CorruptEntry, EntryWriter
-from kvtier.docstore.reuse import PromptReuse
-from kvtier.docstore.document_store import DocumentStore
-from kvtier.sparse.threads import decoding
+from kvtier.sparse import decoding
 
-log = logging.getLogger(__name__)
 # Called with the cache after each prefill chunk and each new token; True cancels the generation.
 Watch = Callable[[object], bool]
 
@@ -112,60 +106,23 @@ def generate(
     stored prefix is loaded instead of computed, and a new document is stored (kvtier.docstore.reuse).
     A stored prefix found damaged while decoding (a sparse image or the K/V that offload reads in place;
     `--on-corrupt recompute`) makes the answer start over cold; the tokens already handed out are checked,
-    not handed out again (RecomputeDiverged).
+    not handed out again (kvtier.docstore.recovery).
     """
     kv_config = (kv_config or KVConfig()).validated()
     ids = prompt_ids(llm, prompt) if input_ids is None else input_ids
     check_context(llm, ids.shape[1], max_new_tokens)
     requested = time.perf_counter()
     reuse = PromptReuse.plan(kv_store, llm, ids, prompt) if kv_store is not None else None
-    run = _Run(llm, kv_config, ids, max_new_tokens, prefill_chunk, progress, watch, choose,
-               _eos_ids(llm) if eos_token_ids is None else eos_token_ids, _Stream(llm.tokenizer, on_text, on_token))
+    eos = _eos_ids(llm) if eos_token_ids is None else eos_token_ids
+    run = _Run(llm, kv_config, ids, max_new_tokens, prefill_chunk, progress, watch, choose, eos,
+               AnswerStream(llm.tokenizer, on_text, on_token))
     with torch.inference_mode():
-        result = run.once(reuse)
-        if result is None:  # a stored prefix failed a check after the prompt went in: its entry is gone, answer cold
+        try:
+            result = run.once(reuse)
+        except StoredPrefixDropped:  # a stored prefix failed a check after the prompt went in: its entry is gone
             result = run.once(reuse)
     result.ttft_s = run.stream.first_at - requested
     return result
-
-
-class RecomputeDiverged(StorageError):
-    """The answer computed again after a damaged stored prefix differs from the tokens already handed out."""
-
-
-@dataclass
-class _Stream:
-    """The new tokens handed to `on_text` / `on_token`, across the attempts of one generation: an attempt after
-    the first re-derives the tokens already handed out, which are checked instead of handed out again."""
-
-    tokenizer: object
-    on_text: Callable[[str], None] | None
-    on_token: Callable[[int], None] | None
-    ids: list[int] = field(default_factory=list)  # handed out
-    shown: str = ""  # the text of `ids` handed to on_text
-    first_at: float = 0.0  # when the first token was handed out
-    position: int = 0  # of the current attempt's next token
-
-    def restart(self) -> None:
-        self.position = 0
-
-    def put(self, token: int) -> None:
-        """The current attempt's next token: handed out, or checked against the one handed out at its place."""
-        position, self.position = self.position, self.position + 1
-        if position < len(self.ids):
-            if token != self.ids[position]:
-                raise RecomputeDiverged(f"the answer computed again without the damaged KV store entry differs "
-                                        f"from the one already streamed at new token {position + 1}; it stops there")
-            return
-        self.ids.append(token)
-        self.first_at = self.first_at or time.perf_counter()
-        if self.on_text is not None:
-            text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-            if text.startswith(self.shown) and len(text) > len(self.shown):
-                self.on_text(text[len(self.shown) :])
-                self.shown = text
-        if self.on_token is not None:
-            self.on_token(token)
 
 
 @dataclass
@@ -181,37 +138,29 @@ class _Run:
     watch: Watch | None
     choose: Callable[[torch.Tensor], int] | None
     eos: set[int]
-    stream: _Stream
+    stream: AnswerStream
 
-    def once(self, reuse: PromptReuse | None) -> GenerationResult | None:
-        """The answer (ttft_s left to the caller), or None when a stored prefix the cache reads in place failed a
-        check while decoding, or its sparse image while copied into the new entry (`recompute`): its entry is dropped
-        and the match forgotten, so the next call answers cold."""
+    def once(self, reuse: PromptReuse | None) -> GenerationResult:
+        """The answer (ttft_s left to the caller). Raises StoredPrefixDropped when a stored prefix the cache reads in
+        place failed a check while decoding, or its sparse image while copied into the new entry (`recompute`): its
+        entry is dropped and the match forgotten, so the next call answers cold."""
         model, kv_config = self.llm.model, self.kv_config
-        prompt_in = _PromptIn(self)
-        cache, logits, started = prompt_in.into_cache(reuse)
+        prompt_in = PromptIn(reuse, self._new_cache, self._prefill)
+        cache, logits, started = prompt_in.into_cache()
         self.stream.restart()
         try:
             with decoding(kv_config.kv):  # sparse: a core for the scorer process
                 cache.place_prompt()  # under the decode's threads: the sparse path calibrates APP there
-                try:
-                    if isinstance(cache, SparseCache) and prompt_in.writer is not None:
-                        _store_sparse_image(cache, prompt_in.writer)  # before a decode step changes the pools
+                with prompt_in.decoding(cache):
                     prefilled = time.perf_counter()
                     new_ids = _decode(model, cache, logits, self.max_new_tokens, self.eos, self.stream, self.choose,
                                       self.watch)
-                except (ChecksumError, CorruptEntry) as error:
-                    if not _stored_failed(cache, error):
-                        raise
-                    _forget_damaged(reuse, prompt_in, error)
-                    return None
             finished = time.perf_counter()
             kv_bytes = tier_bytes(cache, model)
             io = cache.io_stats()
-            restarts = cache.runtime.scorer.restarts if isinstance(cache, SparseCache) else 0
+            restarts = cache.scorer_restarts()
         finally:
-            if reuse is not None:
-                reuse.publish(prompt_in.writer)
+            prompt_in.publish()
             cache.close()
         passes = max(len(new_ids) - 1, 1)
         return GenerationResult(
@@ -231,93 +180,16 @@ class _Run:
             scorer_restarts=restarts,
         )
 
-
-@dataclass
-class _PromptIn:
-    """Puts one prompt into a fresh cache: the stored prefix loaded, the rest prefilled (and recorded)."""
-
-    run: _Run
-    reused: int = 0
-    writer: EntryWriter | None = None
-
-    def into_cache(self, reuse: PromptReuse | None) -> tuple[object, torch.Tensor, float]:
-        """(cache, last logits, when the prefill started). A damaged stored prefix is recomputed once from scratch
-        (`--on-corrupt recompute`) or raised (`fail`)."""
-        run = self.run
-        try:
-            cache = make_cache(run.llm.model, run.kv_config, run.ids.shape[1] + run.max_new_tokens, run.ids.shape[0],
-                               run.llm.model_id, reuse.match if reuse is not None else None)
-        except (CorruptImage, CorruptEntry) as error:
-            return self._recompute(reuse, error)
-        started = time.perf_counter()
-        try:
-            if reuse is None:
-                return cache, self._prefill(cache, 0), started
-            with reuse.recording(cache) as writer:
-                self.reused = reuse.replay(cache)
-                if isinstance(cache, SparseCache) and cache.image is not None:
-                    reuse.bytes_read += cache.image.bytes_read
-                logits = self._prefill(cache, self.reused)
-            self.writer = writer
-            return cache, logits, started
-        except CorruptEntry as error:
-            cache.close()
-            return self._recompute(reuse, error)
-        except BaseException:
-            cache.close()
-            raise
-
-    def discard_entry(self, reuse: PromptReuse) -> None:
-        """Drop the entry this prompt was writing, unpublished."""
-        if self.writer is not None:
-            reuse.store.discard(self.writer)
-            self.writer = None
-
-    def _recompute(self, reuse: PromptReuse, error: CorruptEntry | CorruptImage) -> tuple[object, torch.Tensor, float]:
-        """After a damaged entry: raise (`fail`, the entry kept), or remove it and prefill the whole prompt as if
-        nothing were stored."""
-        reuse.forget_damaged(error)
-        return self.into_cache(reuse)
+    def _new_cache(self, stored: Match | None):
+        return make_cache(self.llm.model, self.kv_config, self.ids.shape[1] + self.max_new_tokens, self.ids.shape[0],
+                          self.llm.model_id, stored)
 
     def _prefill(self, cache, start: int) -> torch.Tensor:
-        run = self.run
-        ids = run.ids[:, start:].to(run.llm.model.device)
-        return _prefill_with_progress(run.llm.model, ids, cache, run.chunk, run.progress, run.watch)
+        ids = self.ids[:, start:].to(self.llm.model.device)
+        return _prefill_with_progress(self.llm.model, ids, cache, self.chunk, self.progress, self.watch)
 
 
-def _store_sparse_image(cache: SparseCache, writer: EntryWriter) -> None:
-    """Add the placed tiers to the entry being written (from the stored image the cache uses, where its slots are
-    still the image's); a failed write leaves the entry without them."""
-    if writer.failure is not None:
-        return
-    try:
-        cache.save_image(writer.directory / IMAGE_DIR, writer.blocks_written * writer.meta.block_tokens)
-    except OSError as error:
-        log.warning("cannot store the sparse tiers with the document (%s); it is stored without them",
-                    error.strerror or error)
-
-
-def _stored_failed(cache, error: StorageError) -> bool:
-    """Whether `error` is about the stored files `cache` reads in place (sparse: the image; offload: the entry's
-    K/V), not about the run's own files."""
-    if isinstance(cache, SparseCache):
-        stored = cache.image
-    elif isinstance(cache, OffloadCache):
-        stored = cache.store.base
-    else:
-        return False
-    return stored is not None and stored.holds(error)
-
-
-def _forget_damaged(reuse: PromptReuse, prompt_in: _PromptIn, error: StorageError) -> None:
-    """After a stored prefix failed a check (while decoding, or a sparse image copied into the entry being written):
-    the entry being written is dropped (it may hold copies of the damaged records); `fail` raises the error and
-    keeps the damaged entry, `recompute` removes it and forgets the match, so the prompt is answered again cold."""
-    prompt_in.discard_entry(reuse)
-    reuse.forget_damaged(error)
-
-
-def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], stream: _Stream, choose, watch) -> list[int]:
+def _decode(model, cache, logits, max_new_tokens: int, eos: set[int], stream: AnswerStream, choose, watch) -> list[int]:
     """Decode loop; stops at an end-of-sequence token (kept in the ids, as transformers does). Returns the ids."""
     new_ids: list[int] = []
     for _ in range(max_new_tokens):

@@ -7,85 +7,42 @@ It sits above every mode's package, so the modes themselves import only downward
 
 import os
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from kvtier.baselines import BASELINES
 from kvtier.baselines.selective_runtime import TierSetup
-from kvtier.errors import ConfigError, StorageError
+from kvtier.errors import StorageError
 from kvtier.kv.budget import tier_capacity
 from kvtier.kv.contract import KVCache
 from kvtier.kv.dense import DenseCache
 from kvtier.kv.model_geometry import full_attention_layers, model_geometry, text_config
 from kvtier.kv.offload import OffloadCache, OffloadLayer, TieredStore
-from kvtier.paths import cache_dir
-from kvtier.sparse.cache import make_sparse_cache
-from kvtier.sparse.cold.cold_image import IMAGE_DIR
-from kvtier.sparse.settings import SparseSettings, parse_beta
+from kvtier.kv_config import KV_MODES, KVConfig, default_storage_dir  # re-exported with the builders
+from kvtier.sparse import IMAGE_DIR, make_sparse_cache
 from kvtier.storage import IOEngine, KVBlockFile
 from kvtier.storage.stale_files import remove_abandoned_kv_files
 from kvtier.docstore.entry import StoredKV
 from kvtier.docstore.document_store import Match
 from kvtier.units import parse_size
 
-KV_MODES = ("dense", "offload", "sparse", *BASELINES)
-
-
-@dataclass(frozen=True)
-class KVConfig:
-    """Where the KV cache may live. Sizes accept units (`64MiB`)."""
-
-    kv: str = "dense"
-    device_kv_budget: int | str = "64MiB"
-    host_kv_budget: int | str = "256MiB"
-    storage_dir: str | None = None  # default: ~/.cache/kvtier/kv
-    block_tokens: int = 64  # HiFC's best block size (the HiFC paper, Fig. 6); 4 KiB-aligned for every packaged model
-    io_threads: int = 8
-    # sparse mode and baselines (kvtier.sparse.settings.SparseSettings documents each)
-    alpha: float = 0.2
-    score_bits: int = SparseSettings.score_bits
-    beta: str | float = "auto"
-    sink: int = 4
-    recent: int = 64
-    policy: str = "hit"  # sparse migration policy
-    lookahead: bool = True  # sparse: prefetch the next layer's cold candidates with a predicted query
-
-    def validated(self) -> "KVConfig":
-        if self.kv not in KV_MODES:
-            raise ConfigError(f"unknown KV mode {self.kv!r}; choose one of {', '.join(KV_MODES)}")
-        if not 1 <= self.block_tokens <= 4096:
-            raise ConfigError(f"block_tokens must be between 1 and 4096, got {self.block_tokens}")
-        if self.io_threads < 1:
-            raise ConfigError(f"io_threads must be at least 1, got {self.io_threads}")
-        parse_size(self.device_kv_budget), parse_size(self.host_kv_budget)  # unparsable sizes fail before any model load
-        self.sparse_settings()
-        return self
-
-    def sparse_settings(self) -> SparseSettings:
-        """The sparse-mode settings these options describe (validated)."""
-        return SparseSettings(alpha=self.alpha, score_bits=self.score_bits, beta=parse_beta(self.beta),
-                              sink=self.sink, recent=self.recent, policy=self.policy,
-                              lookahead=self.lookahead).validated()
-
-
-def default_storage_dir() -> Path:
-    return cache_dir() / "kv"
-
 
 def make_cache(model, kv_config: KVConfig, max_tokens: int, batch_size: int = 1, model_id: str = "model",
-               stored: Match | None = None) -> KVCache:
+               stored: Match | None = None, route_attention: bool = True) -> KVCache:
     """A fresh Cache for one generation of up to `max_tokens` tokens per sequence.
 
     `stored`: the prompt's prefix found in the document KV store, which a replay will feed to the cache; `sparse`
     uses the tiers stored with it in place, `offload` its K/V (raises CorruptEntry when kv.bin is gone or cut short).
-    Tiered caches own files: call `.close()` or use the cache as a context manager.
+    Tiered caches own files: call `.close()` or use the cache as a context manager. `route_attention` False: the
+    caller routes the model's attention to the cache (the serving engine; sparse mode only).
     """
     kv_config = kv_config.validated()
     config = text_config(model)
-    if stored is not None and kv_config.kv in ("sparse", "offload"):
-        return _BUILDERS[kv_config.kv](model, config, kv_config, max_tokens, batch_size, model_id, stored)
+    if kv_config.kv == "sparse":
+        return _sparse_cache(model, config, kv_config, max_tokens, batch_size, stored, route_attention)
+    if stored is not None and kv_config.kv == "offload":
+        return _offload_cache(model, config, kv_config, max_tokens, batch_size, model_id, stored)
     return _BUILDERS[kv_config.kv](model, config, kv_config, max_tokens, batch_size, model_id)
 
 
@@ -93,13 +50,13 @@ def _dense_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size
     return DenseCache(config=config)
 
 
-def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, model_id: str,
-                  stored: Match | None = None) -> KVCache:
+def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, stored: Match | None,
+                  route_attention: bool) -> KVCache:
     image_dir, image_tokens = (stored.entry.path / IMAGE_DIR, stored.tokens) if stored is not None else (None, 0)
     return make_sparse_cache(
         model, kv_config.sparse_settings(), max_tokens, batch_size, str(_storage_directory(kv_config.storage_dir)),
         parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget), full_attention_layers(config),
-        kv_config.io_threads, image_dir, image_tokens,
+        kv_config.io_threads, image_dir, image_tokens, route_attention,
     )
 
 
@@ -149,8 +106,7 @@ def _offload_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_si
     return OffloadCache(layers, store)
 
 
-_BUILDERS = {"dense": _dense_cache, "offload": _offload_cache, "sparse": _sparse_cache,
-             **dict.fromkeys(BASELINES, _baseline_cache)}
+_BUILDERS = {"dense": _dense_cache, "offload": _offload_cache, **dict.fromkeys(BASELINES, _baseline_cache)}
 
 
 def _kv_file_path(storage_dir: str | None) -> Path:

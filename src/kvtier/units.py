@@ -1,4 +1,5 @@
-"""Human-readable byte sizes: parse `256MiB`, `1GiB`, `4096` and format them back."""
+"""Human-readable quantities: parse byte sizes (`256MiB`, `1GiB`, `4096`) and format them back; counts with their
+noun (`1 entry`, `2 entries`)."""
 
 import re
 
@@ -34,3 +35,8 @@ def format_size(num_bytes: int) -> str:
             return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
         value /= 1024
     return f"{value:.1f}TiB"
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and `noun` in the number it takes: `1 token`, `2 tokens`, `0 entries` (`plural` when not noun + s)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"

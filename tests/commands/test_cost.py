@@ -127,3 +127,12 @@ def test_argparse_rejects_bad_options(argv, capsys):
 def test_invalid_model_input_raises_config_error():
     with pytest.raises(ConfigError, match="PUE"):
         cost.run(_parse(["--pue", "0.5"]))
+
+
+@pytest.mark.parametrize("argv, message", [(["--years", "0"], "--years must be positive, got 0.0"),
+                                           (["--pslc-size", "0"], "--pslc-size must be positive, got 0"),
+                                           (["--flash-price", "-1"], "--flash-price must not be negative, got -1.0")])
+def test_an_option_out_of_range_is_named(argv, message):
+    with pytest.raises(ConfigError) as error:
+        cost.run(_parse(argv))
+    assert str(error.value) == message

@@ -141,3 +141,38 @@ def test_errors_reach_the_shell_without_traceback(tmp_path):
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and done.stderr.startswith("kvtier: error:")
+
+
+def test_a_file_in_another_encoding_is_named_with_the_option_that_reads_it(tiny_model_dir, tmp_path, capsys):
+    document = tmp_path / "latin.txt"
+    document.write_bytes("the café of the blue lighthouse ".encode("latin-1") * 10)
+    rc = main(["generate", "--model", str(tiny_model_dir), "--file", str(document), "--max-new-tokens", "2"])
+    assert _one_line_error(capsys, rc) == (f"kvtier: error: input file {document} is not utf-8 text (byte 0xe9 at "
+                                           "offset 7); give its encoding, e.g. --encoding latin-1")
+    assert main(["generate", "--model", str(tiny_model_dir), "--file", str(document), "--max-new-tokens", "2",
+                 "--encoding", "latin-1"]) == 0
+    rc = main(["generate", "--file", str(document), "--encoding", "klingon"])
+    assert _one_line_error(capsys, rc).startswith("kvtier: error: --encoding klingon: unknown text encoding")
+
+
+def test_budgets_given_to_dense_are_ignored_with_one_warning(tiny_model_dir, capsys, caplog):
+    assert _generate(tiny_model_dir, "--device-kv-budget", "1KiB", "--host-kv-budget", "1KiB", "--no-kv-store") == 0
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert warnings == ["--kv dense keeps all the KV on the device: --device-kv-budget and --host-kv-budget ignored; "
+                        "choose a tiered mode (--kv offload, sparse, ...) to bound it"]
+    caplog.clear()
+    assert _generate(tiny_model_dir, "--no-kv-store") == 0
+    assert not [record for record in caplog.records if record.levelname == "WARNING"]
+
+
+def test_progress_bars_only_on_a_terminal_or_when_asked(tiny_model_dir, tmp_path):
+    """stderr here is a pipe, as in a log: the summary line alone, unless --progress asks for the bars."""
+    command = [sys.executable, "-m", "kvtier.cli", "generate", "--model", str(tiny_model_dir), "--prompt", PROMPT,
+               "--max-new-tokens", "2", "--no-kv-store"]
+    env = {**os.environ, "KVTIER_CACHE_DIR": str(tmp_path)}
+    quiet = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert quiet.returncode == 0 and len(quiet.stderr.splitlines()) == 1, quiet.stderr
+    assert quiet.stderr.startswith("[dense] prefill 160 tok")
+    shown = subprocess.run([*command[:3], "--progress", *command[3:]], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert shown.returncode == 0 and "prefill: 100%" in shown.stderr and "Loading weights" in shown.stderr

@@ -13,9 +13,6 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtier.models.loader import load_model
-from kvtier.engine.serving_engine import EngineConfig, LLMEngine
-
 ENGINE_ARGS = ["--block-tokens", "16", "--device-kv-budget", "1MiB", "--swap", "flash", "--swap-space", "4MiB",
                "--io-threads", "2"]
 
@@ -55,7 +52,7 @@ def server(request, tiny_model_dir, tmp_path):
         process.wait()
 
 
-def test_sigterm_finishes_the_stream_in_flight_and_leaves_the_flash_file_reusable(server, tiny_model_dir):
+def test_sigterm_finishes_the_stream_in_flight_and_deletes_the_flash_file(server, tiny_model_dir):
     process, url, flash = server
     body = {"model": str(tiny_model_dir), "prompt": "the sea light", "max_tokens": 40, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
@@ -77,7 +74,7 @@ def test_sigterm_finishes_the_stream_in_flight_and_leaves_the_flash_file_reusabl
     assert "Application shutdown complete" in stderr and "Traceback" not in stderr
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "/health")
-    assert_flash_file_reusable(flash, tiny_model_dir)
+    assert_flash_file_deleted(flash)
 
 
 def running(url: str, headers: dict) -> float:
@@ -86,12 +83,9 @@ def running(url: str, headers: dict) -> float:
                 if sample.name == "kvtier:num_requests_running" and sample.labels == {"path": "paged"})
 
 
-def assert_flash_file_reusable(flash, tiny_model_dir) -> None:
-    """Closed consistently: an engine with the same settings reuses the file instead of recreating it."""
-    config = EngineConfig(block_tokens=16, device_kv_budget="1MiB", swap="flash", swap_space="4MiB",
-                          flash_path=str(flash), io_threads=2)
-    with LLMEngine.from_llm(load_model(str(tiny_model_dir)), config) as engine:
-        assert engine.swap.reused
+def assert_flash_file_deleted(flash) -> None:
+    """Closed at a clean shutdown: the swap file (scratch space) and its lock are gone."""
+    assert not flash.exists() and not flash.with_name(flash.name + ".lock").exists()
 
 
 @pytest.mark.parametrize("server", [0], indirect=True)  # no grace: what is in flight fails at once
@@ -123,7 +117,42 @@ def test_sigterm_after_the_grace_period_fails_requests_in_flight_with_an_error_b
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == -signal.SIGTERM, stderr[-2000:]
     assert "Traceback" not in stderr and "Cancel" not in stderr  # failed by the server, not cut by uvicorn
-    assert_flash_file_reusable(flash, tiny_model_dir)
+    assert_flash_file_deleted(flash)
+
+
+def test_a_port_in_use_fails_in_one_line_before_loading_a_model(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # no such model: binding comes first, so its error, not the model's, is the one reported
+        result = subprocess.run([sys.executable, "-m", "kvtier.cli", "serve", "--model", str(tmp_path / "no-model"),
+                                 "--port", str(port)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr == f"kvtier: error: cannot listen on 127.0.0.1:{port}: Address already in use; stop what " \
+                            "serves there or choose another port\n"
+
+
+def test_port_0_serves_on_a_free_port_and_says_which(tiny_model_dir, tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvtier.cli", "serve", "--model", str(tiny_model_dir), "--port", "0", "--no-sparse",
+         "--flash-path", str(tmp_path / "flash.kvc"), *ENGINE_ARGS],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = next(line for line in process.stderr if line.startswith("[serve]"))
+        port = int(banner.split("http://127.0.0.1:")[1].split()[0])
+        assert port != 0
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.2)
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_bad_options_fail_in_one_line_before_loading_a_model():

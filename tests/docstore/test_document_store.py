@@ -1,12 +1,13 @@
 """DocumentStore: longest-prefix lookup, LRU bound, crash-safe publishing (kill -9 at every write), concurrency."""
 
+import errno
 import logging
 import os
 
 import pytest
 import torch
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, StorageError
 from kvtier.storage import IOEngine, direct_file
 from kvtier.docstore import DocumentStore
 from kvtier.docstore import entry as entry_module
@@ -90,13 +91,30 @@ def test_two_processes_read_one_entry_at_once(store):
     assert [os.waitpid(child, 0)[1] for child in readers] == [0, 0]
 
 
-def test_remove_and_clear(store):
+def test_remove_and_clear_report_the_bytes_they_freed(store):
     first, _ = publish(store, keys_for("a", 1), BLOCK)
     publish(store, keys_for("b", 1), BLOCK)
     with pytest.raises(ConfigError, match="no KV store entry"):
         store.remove("zzz")
-    assert store.remove(first[:6]).id == first
-    assert store.clear() == 1 and store.entries() == []
+    sizes = {entry.id: entry.nbytes for entry in store.entries()}
+    assert store.remove(first[:6]) == (first, sizes[first]) and sizes[first] > 0
+    (second,) = set(sizes) - {first}
+    assert store.clear() == (1, sizes[second]) and store.entries() == []
+
+
+def test_an_entry_that_cannot_be_removed_is_an_error_naming_it(store, monkeypatch):
+    entry_id, _ = publish(store, keys_for("a", 1), BLOCK)
+
+    def read_only(*_):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(document_store.os, "rename", read_only)
+    for attempt in (lambda: store.remove(entry_id), store.clear):
+        with pytest.raises(StorageError, match=f"cannot remove KV store entry {entry_id} from {store.root}: "
+                                               "Read-only file system"):
+            attempt()
+    monkeypatch.undo()
+    assert [entry.id for entry in store.entries()] == [entry_id]
 
 
 def test_a_writer_killed_at_any_point_leaves_a_whole_entry_or_none(tmp_path):

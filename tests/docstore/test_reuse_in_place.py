@@ -12,7 +12,8 @@ import torch
 
 from kvtier.sparse import threads as threads_module
 from kvtier.errors import ChecksumError
-from kvtier.generation import RecomputeDiverged, generate
+from kvtier.docstore.recovery import RecomputeDiverged
+from kvtier.generation import generate
 from kvtier.modes import KVConfig
 from kvtier.sparse.cold import cold_image
 from kvtier.sparse.cold.cold_image import IMAGE_DIR, ColdImage, CorruptImage

@@ -64,7 +64,7 @@ def test_the_entry_stays_readable_when_it_is_removed_meanwhile(tiny_llm, documen
     ask(tiny_llm, document, store, FIRST, config)
     cold = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, config, progress=False)
     cleared = []  # once the question is in (evicted by another process, say)
-    warm = ask(tiny_llm, document, store, SECOND, config, watch=first_time(lambda: cleared.append(store.clear())))
+    warm = ask(tiny_llm, document, store, SECOND, config, watch=first_time(lambda: cleared.append(store.clear()[0])))
     assert cleared == [1] and warm.reused_prompt_tokens > 0 and warm.token_ids == cold.token_ids
 
 

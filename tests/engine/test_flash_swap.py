@@ -8,6 +8,7 @@ from swap_pools import GEOMETRY, clear, filled_pool, snapshot, swapped_out_then_
 from kvtier.errors import ChecksumError, ConfigError
 from kvtier.engine.flash_swap import FlashSwap
 from kvtier.engine.kv_pool import KVPool
+from kvtier.storage.file_lock import FileInUseError
 from kvtier.storage.flash_log import FlashFullError
 
 
@@ -58,15 +59,36 @@ def test_full_flash_refuses_without_reserving(flash_path):
 
 
 def test_the_file_is_reused_when_it_matches_and_rebuilt_when_not(flash_path):
+    """A file left behind (by a killed run, or kept on purpose) is not locked: the next open takes it over."""
     pool = filled_pool()
-    FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=2).close()
+    FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=2, keep_file=True).close()
     created = os.stat(flash_path).st_ino
-    again = FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=2)
+    again = FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=2, keep_file=True)
     again.close()
     assert again.reused and os.stat(flash_path).st_ino == created
     other = FlashSwap(pool, flash_path, num_slots=16, model_id="tiny", io_threads=2)
     other.close()
     assert not other.reused and other.file.layout.num_blocks == 16
+
+
+def test_close_deletes_the_file_and_its_lock(flash_path):
+    swap = FlashSwap(filled_pool(), flash_path, num_slots=8, model_id="tiny", io_threads=2)
+    assert os.path.exists(flash_path) and os.path.exists(flash_path + ".lock")
+    swap.close()
+    assert not os.path.exists(flash_path) and not os.path.exists(flash_path + ".lock")
+
+
+def test_a_second_swap_on_the_same_file_is_refused_and_the_first_keeps_its_file(flash_path):
+    pool = filled_pool()
+    first = FlashSwap(pool, flash_path, num_slots=8, model_id="tiny", io_threads=2)
+    try:
+        first.swap_out([0]).wait()
+        before = open(flash_path, "rb").read()
+        with pytest.raises(FileInUseError, match=rf"{flash_path} is in use by kvtier process {os.getpid()}"):
+            FlashSwap(pool, flash_path, num_slots=4, model_id="tiny", io_threads=2)  # fewer slots: would recreate
+        assert open(flash_path, "rb").read() == before
+    finally:
+        first.close()
 
 
 def test_a_corrupted_block_is_detected_on_swap_in_and_its_slots_released(flash_path):

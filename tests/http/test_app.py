@@ -1,5 +1,6 @@
 """The endpoints through the real `openai` client (and raw httpx for what a client library cannot send)."""
 
+import asyncio
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ QUESTION = "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def server(llm, tmp_path_factory):
-    # 24 blocks of 16 tokens: short prompts run on the engine, a ~500-token one goes to the sparse path.
+    # 24 blocks of 16 tokens: short prompts are paged, a ~500-token one is tiered.
     with running_server(llm, tmp_path_factory.mktemp("app"), api_key=KEY, sparse=True, device_blocks=24,
                         swap="flash", swap_space="16MiB") as (thread, backend):
         yield thread, backend
@@ -114,26 +115,58 @@ def test_seeded_sampling_repeats_and_temperature_zero_is_greedy(client):
     assert len({ask(temperature=1.5, seed=seed) for seed in range(4)}) > 1
 
 
-def test_a_prompt_beyond_the_device_pool_is_served_on_the_sparse_path_reusing_the_stored_document(
+def test_a_prompt_beyond_the_device_pool_is_a_tiered_sequence_reusing_the_stored_document(
         client, server, reference_llm):
-    backend = server[1]
+    url = server[0].url
     prompt = "The quick brown fox jumps over the lazy dog. " * 50  # ~500 tokens, the pool holds 384
+    before = scrape(url, KEY)
     reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0)
     ids = reference_llm.tokenizer(prompt, return_tensors="pt")["input_ids"]
     expected = reference_llm.model.generate(ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1]:].tolist()
     assert reply.usage.prompt_tokens == ids.shape[1] > 24 * 16
     assert reply.choices[0].text == reference_llm.tokenizer.decode(expected, skip_special_tokens=True)
-    assert backend.sparse.counters.requests == 1
-    assert backend.sparse.counters.cold_read_bytes > 0  # its KV went through the disk tier
-    assert backend.sparse.counters.reused_prompt_tokens == 0
+    first = scrape(url, KEY)
+    assert moved(before, first, "kvtier:tiered_requests_total") == 1
+    assert moved(before, first, "kvtier:tiered_cold_read_bytes_total") > 0  # its KV went through the disk tier
+    assert moved(before, first, "kvtier:tiered_reused_prompt_tokens_total") == 0
     again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0)
+    second = scrape(url, KEY)
     assert again.choices[0].text == reply.choices[0].text
-    assert backend.sparse.counters.reused_prompt_tokens > 0  # the first request stored the document's KV
-    assert backend.sparse.counters.kv_store_bytes_read > 0
+    assert moved(first, second, "kvtier:tiered_reused_prompt_tokens_total") > 0  # the first request stored it
+    assert moved(first, second, "kvtier:tiered_kv_store_read_bytes_total") > 0
+
+
+def test_eight_concurrent_tiered_requests_each_find_their_planted_fact(server):
+    """Alpha 0.2 (the default): each tiered sequence attends a fifth of its pooled tokens, yet finds its needle,
+    while the others decode in the same forwards (four at a time, the rest waiting for a host share)."""
+    from kvtier.data.corpus import generate_text
+    from kvtier.data.needle import build_haystack, make_needles, score_answer
+
+    tokenizer = server[1].llm.tokenizer
+    prompts = []
+    for seed in range(8):
+        [needle] = make_needles(1, seed=100 + seed)
+        haystack = build_haystack(tokenizer, generate_text(6000, seed=seed), 500, [needle], [0.5])
+        prompts.append((haystack.prompt, needle.value))
+    client = openai.AsyncOpenAI(base_url=server[0].url + "/v1", api_key=KEY, max_retries=0)
+
+    async def ask(prompt: str):
+        return await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                                    max_tokens=24, temperature=0)
+
+    async def ask_all():
+        return await asyncio.gather(*(ask(prompt) for prompt, _ in prompts))
+
+    before = scrape(server[0].url, KEY)
+    replies = asyncio.run(ask_all())
+    after = scrape(server[0].url, KEY)
+    assert moved(before, after, "kvtier:requests_total", path="tiered") == 8
+    answers = [reply.choices[0].message.content for reply in replies]
+    assert [score_answer(answer, value) for answer, (_, value) in zip(answers, prompts)] == [True] * 8, answers
 
 
 def scorer_processes() -> list[int]:
-    """Pids of the storage scorer processes this process started (one per sparse request being served)."""
+    """Pids of the storage scorer processes this process started (one per tiered request being served)."""
     pids = []
     for entry in Path("/proc").iterdir():
         try:
@@ -146,19 +179,19 @@ def scorer_processes() -> list[int]:
     return pids
 
 
-def sparse_kv(metrics: dict) -> dict[str, float]:
-    return {tier: metrics[("kvtier:kv_bytes", (("path", "sparse"), ("tier", tier)))]
+def tiered_kv(metrics: dict) -> dict[str, float]:
+    return {tier: metrics[("kvtier:kv_bytes", (("path", "tiered"), ("tier", tier)))]
             for tier in ("device", "host", "storage")}
 
 
-def test_the_sparse_path_reports_its_kv_tiers_while_it_serves_and_counts_cold_reads_and_scorer_restarts(
+def test_a_tiered_request_reports_its_kv_tiers_while_it_runs_and_counts_cold_reads_and_scorer_restarts(
         server, raw):
     url = server[0].url
     prompt = "A lighthouse keeper writes down every ship that passes the cape at night. " * 30  # ~480 tokens
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     before = scrape(url, KEY)
-    assert set(sparse_kv(before).values()) == {0}
+    assert set(tiered_kv(before).values()) == {0}
     lines, during = [], None
     with raw.stream("POST", "/v1/completions", json=body) as response:
         for line in filter(None, response.iter_lines()):
@@ -170,20 +203,20 @@ def test_the_sparse_path_reports_its_kv_tiers_while_it_serves_and_counts_cold_re
     after = scrape(url, KEY)
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 16
-    assert during[("kvtier:num_requests_running", (("path", "sparse"),))] == 1
-    live = sparse_kv(during)
-    assert live["device"] > 0 and live["storage"] > 0  # budgets of 8 MiB device, 4 MiB host: ~180 tokens fit
-    assert moved(before, during, "kvtier:sparse_cold_read_bytes_total") > 0  # counted as they happen
-    assert moved(before, after, "kvtier:sparse_scorer_restarts_total") == 1  # the killed scorer was replaced
-    assert moved(during, after, "kvtier:sparse_cold_read_bytes_total") > 0
-    assert set(sparse_kv(after).values()) == {0}  # the request's cache is gone
-    assert after[("kvtier:num_requests_running", (("path", "sparse"),))] == 0
+    assert during[("kvtier:num_requests_running", (("path", "tiered"),))] == 1
+    live = tiered_kv(during)
+    assert live["device"] > 0 and live["storage"] > 0  # a 4 MiB share of the host: ~180 tokens fit
+    assert moved(before, during, "kvtier:tiered_cold_read_bytes_total") > 0  # counted as they happen
+    assert moved(before, after, "kvtier:tiered_scorer_restarts_total") == 1  # the killed scorer was replaced
+    assert moved(during, after, "kvtier:tiered_cold_read_bytes_total") > 0
+    assert set(tiered_kv(after).values()) == {0}  # the request's cache is gone
+    assert after[("kvtier:num_requests_running", (("path", "tiered"),))] == 0
 
 
 PARIS = "What is the capital of France? Answer in one word."
 
 
-@pytest.mark.parametrize("path, filler", [("paged", 0), ("sparse", 60)])
+@pytest.mark.parametrize("path, filler", [("paged", 0), ("tiered", 60)])
 def test_ignore_eos_generates_max_tokens_on_both_paths(client, server, path, filler):
     content = "Paris is the capital of France. " * filler + "\n" + PARIS  # 60 times: ~460 tokens, beyond the pool
 

@@ -1,9 +1,9 @@
 """Clients that go away before their first token: queued or prefilling, their requests are aborted there.
 
-The server runs one engine sequence at a time (max_num_seqs=1), so a second paged request waits in
-the engine's queue, and a second long one waits behind the sparse path's single worker. Each test
-closes a real connection (httpx) early, then checks on the engine and the sparse path that the
-request never ran (or stopped in its prefill), that nothing is held, and that the server still serves.
+The server runs one engine sequence at a time (max_num_seqs=1), so a second request, paged or
+tiered, waits in the engine's queue. Each test closes a real connection (httpx) early, then checks
+that the request never ran (or stopped in its prefill), that nothing is held (device blocks, swap
+slots, a tiered sequence's tiers), and that the server still serves.
 """
 
 import logging
@@ -16,8 +16,8 @@ from http_server import MODEL, moved, running_server, scrape, settled
 
 pytestmark = pytest.mark.model
 
-# What the request holding the engine (or the sparse worker, ~10x slower) generates meanwhile: seconds of work.
-PAGED_HOLDER_TOKENS, SPARSE_HOLDER_TOKENS = 200, 60
+# What the request holding the engine (paged, or tiered: ~10x slower a token) generates meanwhile: seconds of work.
+PAGED_HOLDER_TOKENS, TIERED_HOLDER_TOKENS = 200, 60
 
 
 @pytest.fixture(scope="module")
@@ -95,39 +95,40 @@ def test_paged_requests_whose_clients_leave_in_the_queue_never_run(server, serve
     assert reply["usage"]["completion_tokens"] == 3
 
 
-def test_sparse_requests_whose_clients_leave_in_the_queue_never_run(server, server_errors):
+def test_tiered_requests_whose_clients_leave_in_the_queue_never_run(server, server_errors):
     url, backend = server
-    store = backend.sparse.store
+    store = backend.engine.tiers.provider.store
     before, stored = scrape(url), len(store.entries())
     holder, replies = in_background(url, "The tide rises over the old harbour wall every evening. " * 40,
-                                    SPARSE_HOLDER_TOKENS)
-    wait_for(url, "kvtier:num_requests_running", "sparse", 1)
-    leave_while_queued(url, "Gulls circle the fishing boats as they come home at dusk. " * 40, "sparse")
+                                    TIERED_HOLDER_TOKENS)
+    wait_for(url, "kvtier:num_requests_running", "tiered", 1)
+    leave_while_queued(url, "Gulls circle the fishing boats as they come home at dusk. " * 40, "tiered")
     holder.join()
     after = settled(url)
-    assert replies[0]["usage"]["completion_tokens"] == SPARSE_HOLDER_TOKENS
-    assert moved(before, after, "kvtier:requests_total", path="sparse") == 3
-    assert moved(before, after, "kvtier:sparse_requests_total") == 1  # the queued two never ran
+    assert replies[0]["usage"]["completion_tokens"] == TIERED_HOLDER_TOKENS
+    assert moved(before, after, "kvtier:requests_total", path="tiered") == 3
+    assert moved(before, after, "kvtier:tiered_requests_total") == 1  # the queued two never started
     assert len(store.entries()) == stored + 1  # only the holder's prompt was prefilled and stored
     assert moved(before, after, "kvtier:request_success_total", finished_reason="abort") == 2
     assert not server_errors
 
 
-def test_a_client_that_leaves_during_a_long_sparse_prefill_stops_it_there(server):
+def test_a_client_that_leaves_during_a_long_tiered_prefill_stops_it_there(server):
     url, backend = server
-    store = backend.sparse.store
+    store = backend.engine.tiers.provider.store
     before, stored = scrape(url), len(store.entries())
-    prompt = "Every harbour light has a keeper and a logbook. " * 600  # ~6000 tokens: prefilled in 6 chunks
+    prompt = "Every harbour light has a keeper and a logbook. " * 600  # ~6000 tokens: prefilled in many chunks
     with httpx.stream("POST", url + "/v1/completions", json=body(prompt, 50, True), timeout=600) as response:
         assert response.status_code == 200
-        wait_for(url, "kvtier:num_requests_running", "sparse", 1)
-    after = wait_for(url, "kvtier:num_requests_running", "sparse", 0)
-    assert moved(before, after, "kvtier:sparse_requests_total") == 0  # no token: it ended in the prefill
+        wait_for(url, "kvtier:num_requests_running", "tiered", 1)
+    after = wait_for(url, "kvtier:num_requests_running", "tiered", 0)
+    assert moved(before, after, "kvtier:generation_tokens_total") == 0  # no token: it ended in the prefill
     assert len(store.entries()) == stored  # a prompt whose prefill did not finish is not stored
     assert moved(before, after, "kvtier:request_success_total", finished_reason="abort") == 1
-    assert all(after[("kvtier:kv_bytes", (("path", "sparse"), ("tier", tier)))] == 0
+    assert all(after[("kvtier:kv_bytes", (("path", "tiered"), ("tier", tier)))] == 0
                for tier in ("device", "host", "storage"))
+    assert after[("kvtier:device_blocks_free", ())] == after[("kvtier:device_blocks_total", ())]
     reply = httpx.post(url + "/v1/completions", json=body("Sails on the horizon, far out at sea. " * 60, 3, False),
                        timeout=600).json()
     assert reply["usage"]["completion_tokens"] == 3
-    assert moved(after, scrape(url), "kvtier:sparse_requests_total") == 1  # the sparse path serves the next one
+    assert moved(after, scrape(url), "kvtier:tiered_requests_total") == 1  # the next long one is served

@@ -59,9 +59,10 @@ def test_swap_metrics_move_under_pressure_and_everything_returns_afterwards(serv
     assert after[("kvtier:device_blocks_free", ())] == after[("kvtier:device_blocks_total", ())] == 7
     assert after[("kvtier:swap_slots_used", ())] == 0
     assert all(after[("kvtier:kv_bytes", (("path", path), ("tier", tier)))] == 0
-               for path, tier in (("paged", "device"), ("paged", "flash"), ("sparse", "device"), ("sparse", "host"),
-                                  ("sparse", "storage")))
+               for path, tier in (("paged", "device"), ("paged", "flash"), ("tiered", "device"), ("tiered", "host"),
+                                  ("tiered", "storage")))
     for name in ("kvtier:num_requests_running", "kvtier:num_requests_waiting"):
         assert after[(name, (("path", "paged"),))] == 0
     assert after[("kvtier:flash_file_bytes", ())] >= 15 << 20  # the file holds the 16 MiB of slots
-    assert ("kvtier:sparse_cold_read_bytes_total", ()) in after and ("kvtier:sparse_scorer_restarts_total", ()) in after
+    assert ("kvtier:tiered_cold_read_bytes_total", ()) in after and ("kvtier:tiered_scorer_restarts_total", ()) in after
+    assert moved(before, after, "kvtier:request_queue_time_seconds_count") == 4  # each request's wait, once

@@ -13,7 +13,8 @@ from kvtier.kv.contract import tier_bytes
 from kvtier.kv.model_geometry import full_attention_layers
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse.cache import make_sparse_cache
-from kvtier.sparse.layer import MAX_AHEAD, SparseLayer
+from kvtier.sparse.layer import SparseLayer
+from kvtier.sparse.lookahead import MAX_AHEAD
 from kvtier.sparse.settings import SparseSettings
 
 
@@ -357,15 +358,14 @@ def test_a_step_that_fails_with_a_prefetch_in_flight_still_closes_cleanly(tiny_l
 
 def test_layers_whose_candidates_come_late_are_asked_for_earlier_and_stay_exact(tmp_path, monkeypatch):
     model = tiny_models.tiny_llama(num_hidden_layers=5)
-    monkeypatch.setattr("kvtier.sparse.layer.LATE_WAIT_S", -1.0)  # every wait counts as late
+    monkeypatch.setattr("kvtier.sparse.lookahead.LATE_WAIT_S", -1.0)  # every wait counts as late
     ids = _ids(1, 200, 16)
     cache = _sparse(model, tmp_path, 220, alpha=1.0, **LOOKAHEAD)
     in_flight = []
     cache.watch_attended(lambda _layer, _positions: in_flight.append(len(cache.runtime.lookahead.in_flight)))
     try:
         sparse = _run(model, cache, ids, 6)
-        tiers = sorted((layer for layer in cache.layers if isinstance(layer, SparseLayer)), key=lambda l: l.tier)
-        assert [layer.ahead for layer in tiers] == [1] + [MAX_AHEAD] * 4  # tier 0 is asked for a step ahead
+        assert cache.runtime.lookahead.ahead == [1] + [MAX_AHEAD] * 4  # per tier; tier 0 is asked for a step ahead
         assert max(in_flight) == MAX_AHEAD  # while a layer attends, the next three layers' requests are out
     finally:
         cache.close()

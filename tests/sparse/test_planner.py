@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.kernels import _chosen_values
+from kvtier.kernels import ops
 from kvtier.sparse import planner
 from kvtier.sparse.hot.hot_pool import HotPool
 from kvtier.sparse.planner import Throughputs, balanced_beta, plan_split, predicted_times
@@ -97,7 +97,7 @@ def test_the_timed_host_fetch_reads_the_picked_values_as_the_step_does(dtype):
     picks = np.array([1, 5, 6, 30])
     fetched = planner._gather_values(hot, picks)()
     picked = values[0][:, torch.from_numpy(picks)]
-    if dtype == torch.float32 and _chosen_values.vectorized:
+    if dtype == torch.float32 and ops.VECTORIZED:
         torch.testing.assert_close(fetched[0, :, 0], picked.mean(dim=1))
     else:
         torch.testing.assert_close(fetched, picked)

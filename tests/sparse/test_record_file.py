@@ -8,6 +8,7 @@ from kvtier.sparse import record_file
 from kvtier.sparse.record_file import RecordFile, RecordLayout
 from kvtier.storage import PAGE, SECTOR, IOEngine, direct_read_unit, open_direct, round_up
 from kvtier.storage.checksum import PageChecksums
+from kvtier.storage.file_lock import FileInUseError
 
 
 @pytest.fixture(params=[SECTOR, PAGE], ids=["sectors", "pages"])
@@ -70,6 +71,17 @@ def test_scattered_writes_keep_their_neighbours(tmp_path, page):
         other, _ = _read(file, 0, 1, np.array([5]))
         assert not other.any()  # another region was never touched
     assert not list(tmp_path.iterdir())
+
+
+def test_a_second_writer_is_refused_before_it_truncates_the_file(tmp_path):
+    layout = RecordLayout(record_bytes=300, layers=1, batch=1, slots=100)
+    with _open_pool(tmp_path, layout) as file, IOEngine(1) as io:
+        records = _records(100, 300, 0)
+        file.write_records(0, 0, np.arange(100), records)
+        with pytest.raises(FileInUseError, match=f"cold-pool file {file.path} is in use by kvtier process"):
+            RecordFile(file.path, layout, io)
+        np.testing.assert_array_equal(_read(file, 0, 0, np.arange(100))[0], records)
+    assert not list(tmp_path.iterdir())  # nor is its lock left behind
 
 
 def test_writes_of_records_sharing_pages_keep_every_record(tmp_path, page):

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.kernels import _candidate_dots
-from kvtier.kernels import _chosen_values
+from kvtier.kernels import ops
 from kvtier.sparse import selection
 from kvtier.sparse.hot.hot_pool import importance
 from kvtier.sparse.selection import (MIN_CANDIDATES, Picks, Segment, candidate_counts, candidate_scores,
@@ -32,7 +31,7 @@ def _segment(query, keys, values, first):
 
 
 @pytest.fixture(params=["torch", pytest.param("compiled", marks=pytest.mark.skipif(
-    not _chosen_values.vectorized, reason="needs AVX2 and FMA"))])
+    not ops.VECTORIZED, reason="needs AVX2 and FMA"))])
 def attention_path(request, monkeypatch):
     """exact_attention through torch's ops, or the compiled call (chosen_values.attend) where it reads every segment."""
     if request.param == "torch":
@@ -117,7 +116,7 @@ def _candidate_records(gen, own, stale):
 
 @pytest.mark.parametrize("compiled", [
     False,
-    pytest.param(True, marks=pytest.mark.skipif(not _candidate_dots.vectorized, reason="needs AVX2 and FMA")),
+    pytest.param(True, marks=pytest.mark.skipif(not ops.VECTORIZED, reason="needs AVX2 and FMA")),
 ])
 def test_the_candidates_padding_is_never_among_the_top_and_weighs_nothing(compiled, monkeypatch):
     """Torch's ops (where the kernel does not run) and the compiled pass agree."""
@@ -142,7 +141,7 @@ def test_the_candidates_padding_is_never_among_the_top_and_weighs_nothing(compil
                                                         (6, [[1, 4, 7, 19], [0, 2, 5, 11]], [[], [0]])])
 @pytest.mark.parametrize("in_place", [
     False,
-    pytest.param(True, marks=pytest.mark.skipif(not _chosen_values.vectorized, reason="needs AVX2 and FMA")),
+    pytest.param(True, marks=pytest.mark.skipif(not ops.VECTORIZED, reason="needs AVX2 and FMA")),
 ])
 def test_attention_over_the_chosen_equals_dense_attention_over_exactly_them(seed, hot_picks, cold_picks, in_place,
                                                                            attention_path):

@@ -38,6 +38,34 @@ def test_charging_adds_each_phase_to_its_part(ticks):
     assert set(PHASE_PARTS.values()) == set(PARTS)  # every part has a phase
 
 
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_a_layer_adds_its_phases_measured_times_and_tokens(ticks, read_ahead):
+    clock = PhaseClock()
+    for phase in PHASE_PARTS:  # in the step's order, the n-th lasting n seconds
+        clock.lap(phase)
+    seconds = clock.seconds
+    step = StepStats(step=0)
+    step.add_layer(clock, read_ahead, batch=2, hot_tokens=10, cold_tokens=30, chosen_hot=3, chosen_cold=5,
+                   fetched_bytes=4096)
+    assert step.fetch_s == clock.part("fetch_s") > 0
+    assert step.unpredicted_fetch_s == (0.0 if read_ahead else step.fetch_s)
+    assert step.host_time_s == seconds["hot scores"]  # T_CPU: the hot pool scored
+    # T_storage: the scorer's round trip (while the host scored and built the window's logits) and the cold reads
+    assert step.storage_time_s == seconds["hot scores"] + seconds["window"] + seconds["cold scores"] + \
+        seconds["cold reads"]
+    assert (step.pooled_hot, step.pooled_cold, step.selected_hot, step.selected_cold) == (20, 60, 3, 5)
+    assert (step.cold_bytes_fetched, step.lookahead_layers) == (4096, int(read_ahead))
+
+
+def test_a_layer_without_cold_tokens_has_no_scorer_round_trip(ticks):
+    clock = PhaseClock()
+    for phase in PHASE_PARTS:
+        clock.lap(phase)
+    step = StepStats(step=0)
+    step.add_layer(clock, False, batch=1, hot_tokens=10, cold_tokens=0, chosen_hot=2, chosen_cold=0, fetched_bytes=0)
+    assert step.storage_time_s == clock.seconds["cold reads"]
+
+
 def test_the_rest_is_the_wall_time_minus_the_parts(ticks):
     recorded = SparseStats()
     step = recorded.open_step()  # opened at 0

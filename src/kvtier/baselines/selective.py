@@ -36,7 +36,7 @@ from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 from kvtier.baselines.host_tokens import HostTokens
 from kvtier.baselines.selective_runtime import SelectiveRuntime, TierSetup, plan_capacity
 from kvtier.baselines.selective_store import SelectiveStore
-from kvtier.kv.contract import SelectiveKVCache
+from kvtier.kv.contract import DiskFile, SelectiveKVCache
 from kvtier.kv.gather import select_columns, take_tokens
 from kvtier.kv.windowed import WindowedLayer
 from kvtier.kv.model_geometry import model_geometry, text_config
@@ -178,7 +178,9 @@ class SelectiveLayer(WindowedLayer):
         if self.runtime.on_attend is not None:
             self.runtime.on_attend(self.layer_idx, positions)
         output = inner(module, query, keys, values, select_columns(attention_mask, positions), **kwargs)
-        self.retire()
+        retired = self.retire()
+        if retired is not None:
+            self.admit(*retired)
         self.runtime.following(self).start_prefetch()
         return output
 
@@ -212,6 +214,9 @@ class SelectiveCache(Cache, SelectiveKVCache):
     def io_stats(self) -> IOStats:
         """Bytes read from and written to the cache's files so far."""
         return self.runtime.io_stats()
+
+    def storage_files(self) -> list[DiskFile]:
+        return [store.file for store in self.runtime.stores]
 
     def close(self) -> None:
         """Remove hooks, finish pending reads, delete the files."""

@@ -21,7 +21,7 @@ import numpy as np
 from kvtier.baselines.selective_store import SelectiveStore
 from kvtier.errors import ConfigError
 from kvtier.kv.budget import TierCapacity, tier_capacity
-from kvtier.sparse.settings import SparseSettings
+from kvtier.sparse import SparseSettings
 from kvtier.storage import BlockLayout, IOEngine, IOStats, KVBlockFile, KVGeometry
 from kvtier.units import format_size
 

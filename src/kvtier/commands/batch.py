@@ -1,8 +1,9 @@
 """`kvtier batch`: offline generation of a JSONL file of prompts through the serving engine.
 
 Input: one JSON object per line, {"prompt": "..."} with optional "max_new_tokens" and
-"priority" (higher is preempted later). Output: one JSON object per input line, in
-input order, with the generated text and token ids, plus a summary on stderr.
+"priority" (higher is preempted later). A prompt beyond the device pool runs as a tiered sequence
+(HillInfer's tiers), as `kvtier serve` runs it. Output: one JSON object per input line, in input
+order, with the generated text and token ids, plus a summary on stderr.
 """
 
 from __future__ import annotations
@@ -15,16 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
-from kvtier.commands.serve_options import add_engine_options, engine_config_from
+from kvtier.commands.serve_options import add_engine_options, engine_config_from, tiers_from
 from kvtier.errors import ConfigError
-from kvtier.models.loader import load_model
-from kvtier.engine.serving_engine import LLMEngine
 from kvtier.engine.sequence import SamplingParams
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("batch", help="generate for a JSONL file of prompts with continuous batching",
-                                   description=__doc__.split("\n\n")[1])
+    parser = subparsers.add_parser("batch", description=__doc__.split("\n\n")[1])
     add_model_option(parser)
     add_dtype_option(parser)
     parser.add_argument("--file", type=Path, required=True, help="prompts, one JSON object per line")
@@ -68,9 +66,12 @@ def _parse_request(line: str, where: str, default_max_new_tokens: int) -> tuple[
 def run(args: argparse.Namespace) -> int:
     requests = read_requests(args.file, args.max_new_tokens)
     config = engine_config_from(args)
+    from kvtier.engine.serving_engine import LLMEngine  # only now: torch takes seconds, the options are checked first
+    from kvtier.models.loader import load_model
+
     llm = load_model(args.model, dtype=args.dtype)
     started = time.perf_counter()
-    with LLMEngine.from_llm(llm, config) as engine:
+    with LLMEngine.from_llm(llm, config, tiers_from(args, llm)) as engine:
         ids = [engine.add_request(prompt, sampling) for prompt, sampling in requests]
         done = {}
         while engine.has_unfinished():

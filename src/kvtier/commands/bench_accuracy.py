@@ -44,8 +44,7 @@ from kvtier.models.loader import load_model
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("accuracy", help="needle grid, perplexity and attention-mass recall vs dense",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser("accuracy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_option(parser)
     parser.add_argument("--modes", default=None, help="comma-separated KV modes (default: all of them)")
     parser.add_argument("--grid", choices=tuple(GRIDS), default="small", help="preset grid (default small)")

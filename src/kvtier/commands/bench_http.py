@@ -21,12 +21,12 @@ from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import ConfigError
 from kvtier.models.loader import load_model
 from kvtier.eval.serving.http_bench import CLIENT_LEVELS, render_markdown, requests_for, run_http_benchmark
-from kvtier.engine.serving_engine import EngineConfig
+from kvtier.engine.config import EngineConfig
+from kvtier.eval.serving.documents_workload import WORKLOADS, DocumentsWorkload
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("http", help="the HTTP server under concurrent clients vs the offline engine",
-                                   description=__doc__.split("\n\n")[1])
+    parser = subparsers.add_parser("http", description=__doc__.split("\n\n")[1])
     add_model_option(parser)
     add_dtype_option(parser)
     parser.add_argument("--clients", default=",".join(map(str, CLIENT_LEVELS)),
@@ -42,6 +42,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--swap-space", default="256MiB", help="flash file / DRAM pool size (default %(default)s)")
     add_flash_dir_option(parser)
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
+    documents = parser.add_argument_group(
+        "--workload documents: stored long documents' questions streamed at once, tiered vs one at a time vs paged "
+        "(writes http-documents.json and .md; --new-tokens, --repeats and --block-tokens apply)")
+    documents.add_argument("--workload", choices=WORKLOADS, default="short",
+                           help="short prompts at each --clients level, or long documents (default %(default)s)")
+    workload = DocumentsWorkload()
+    documents.add_argument("--documents", type=int, default=workload.documents,
+                           help="documents, two questions each (default %(default)s)")
+    documents.add_argument("--document-tokens", type=int, default=workload.document_tokens,
+                           help="tokens per document (default %(default)s)")
+    documents.add_argument("--device-kv-budget", default=workload.device_kv_budget,
+                           help="the engine's device KV budget (default %(default)s)")
+    documents.add_argument("--host-kv-budget", default=workload.host_kv_budget,
+                           help="the tiered sequences' host budget, over all of them (default %(default)s)")
+    documents.add_argument("--max-tiered-seqs", type=int, default=workload.max_tiered_seqs,
+                           help="tiered sequences at once (default %(default)s)")
     parser.set_defaults(run=run)
     return parser
 
@@ -53,6 +69,8 @@ def prompts(count: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workload == "documents":
+        return run_documents(args)
     try:
         levels = tuple(int(value) for value in args.clients.split(",") if value.strip())
     except ValueError:
@@ -83,3 +101,32 @@ def command_line(args: argparse.Namespace) -> str:
             f"--requests-per-client {args.requests_per_client} --min-requests {args.min_requests} "
             f"--new-tokens {args.new_tokens} --repeats {args.repeats} --block-tokens {args.block_tokens} "
             f"--device-blocks {args.device_blocks} --swap-space {args.swap_space}")
+
+
+def run_documents(args: argparse.Namespace) -> int:
+    """`--workload documents` (kvtier.eval.serving.documents_bench explains the method)."""
+    from kvtier.eval.serving.documents_bench import render_documents_markdown, run_documents_benchmark
+
+    if min(args.documents, args.document_tokens, args.new_tokens, args.repeats, args.max_tiered_seqs) < 1:
+        raise ConfigError("--documents, --document-tokens, --new-tokens, --repeats and --max-tiered-seqs must be "
+                          "positive")
+    check_writable(args.out)
+    workload = DocumentsWorkload(args.documents, args.document_tokens, args.new_tokens, args.device_kv_budget,
+                                 args.host_kv_budget, args.max_tiered_seqs, args.repeats)
+    base = EngineConfig(block_tokens=args.block_tokens, swap_space=args.swap_space).validated()
+    llm = load_model(args.model, dtype=args.dtype)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    result = run_documents_benchmark(llm, workload, base, flash_dir_from(args), say)
+    result = {"model": llm.name, "dtype": args.dtype, "command": documents_command_line(args)} | result
+    (args.out / "http-documents.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "http-documents.md").write_text(render_documents_markdown(result))
+    say(f"wrote {args.out / 'http-documents.json'} and http-documents.md")
+    return 0
+
+
+def documents_command_line(args: argparse.Namespace) -> str:
+    return (f"kvtier bench http --workload documents --model {args.model} --dtype {args.dtype} "
+            f"--documents {args.documents} --document-tokens {args.document_tokens} --new-tokens {args.new_tokens} "
+            f"--repeats {args.repeats} --block-tokens {args.block_tokens} --swap-space {args.swap_space} "
+            f"--device-kv-budget {args.device_kv_budget} --host-kv-budget {args.host_kv_budget} "
+            f"--max-tiered-seqs {args.max_tiered_seqs}")

@@ -41,15 +41,14 @@ from kvtier.eval.accuracy.corpus_slice import CHARS_PER_TOKEN_BOUND, STRIDE_CHAR
 from kvtier.eval.sparse.latency import RunOptions, check_contexts, run_experiment
 from kvtier.eval.sparse.latency_grid import EXPERIMENTS, GRIDS, Grid, experiment_cells, parse_experiments, parse_modes
 from kvtier.models.loader import load_model
-from kvtier.sparse.threads import machine_threads
+from kvtier.sparse import machine_threads
 
 LIST_OPTIONS = {"contexts": int, "batches": int, "stress_batches": int, "betas": float, "alphas": float}
 NUMBER_OPTIONS = ("new_tokens", "fixed_context", "fixed_beta")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("latency", help="HillInfer latency experiments a-f for every KV mode",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser("latency", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model name or path (default: the grid's)")
     parser.add_argument("--experiments", default=",".join(EXPERIMENTS),
                         help="comma-separated letters or names: " +

@@ -17,8 +17,7 @@ from kvtier.eval.report.markdown_report import appendices, write_report
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("report", help="regenerate bench/results/REPORT.md and plots from the JSON files",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser("report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=Path("bench/results"), help="results directory")
     parser.set_defaults(run=run)
     return parser

@@ -34,8 +34,7 @@ DEFAULT_SCALE = 1 / 32
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("serve", help="flash swap vs DRAM swap under continuous batching (HiFC)",
-                                   description=__doc__.split("\n\n")[1])
+    parser = subparsers.add_parser("serve", description=__doc__.split("\n\n")[1])
     add_model_option(parser)
     add_dtype_option(parser)
     add_device_options(parser, "the model and the KV pool live (on a GPU, flash swap goes through kvikio)")

@@ -43,13 +43,11 @@ from kvtier.commands.store_options import add_store_options, store_from
 from kvtier.data.corpus import CORPUS_NAMES
 from kvtier.eval.sparse.sparse_bench import SparseBench, run_sparse_benchmark, write_results
 from kvtier.models.loader import load_model
-from kvtier.sparse.settings import SparseSettings
-from kvtier.sparse.cold.sketch import SCORE_BITS
-from kvtier.sparse.threads import machine_threads
+from kvtier.sparse import SCORE_BITS, SparseSettings, machine_threads
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("sparse", help="sparse (HillInfer) path vs full offload: speed, disk bytes, recall")
+    parser = subparsers.add_parser("sparse")
     add_model_option(parser)
     add_dtype_option(parser)
     add_device_options(parser, "the model and the device window live (the hot pool stays in pinned host DRAM, "

@@ -21,7 +21,7 @@ from kvtier.models.loader import load_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("store", help="TTFT of a stored document's second question vs its first")
+    parser = subparsers.add_parser("store")
     add_model_option(parser)
     add_dtype_option(parser)
     parser.add_argument("--context", type=int, default=8000, help="document tokens (default %(default)s)")

@@ -22,8 +22,7 @@ DEFAULT_MODELS = "smollm2-135m,qwen2.5-0.5b"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("vllm-tier", help="kvtier's flash tier vs vLLM's fs tier, inside vLLM",
-                                   description=__doc__.split("\n\n")[1])
+    parser = subparsers.add_parser("vllm-tier", description=__doc__.split("\n\n")[1])
     parser.add_argument("--models", default=DEFAULT_MODELS, help="whose 16-token blocks are the chunks (default %(default)s)")
     parser.add_argument("--total", default="512MiB", help="bytes stored and loaded per tier and run (default %(default)s)")
     parser.add_argument("--chunks-per-job", type=int, default=16, help="chunks per store/load job (default %(default)s)")

@@ -37,6 +37,9 @@ _DEFAULT_ENDURANCE = FlashEndurance()
 # Each half of the pipeline budget is computed only when all of its options are given.
 _GAP_OPTIONS = ("tps_ideal", "tps_test", "t_lat")
 _SWAP_OPTIONS = ("n_swap", "block_tokens", "token_bytes", "flash_bw")
+# Checked here, where the option's name is known (the models' own checks name their fields).
+_POSITIVE = ("years", "dram_size", "flash_size", "pe_cycles", "pslc_size", "rated_tbw")
+_NON_NEGATIVE = ("energy_price", "dram_price", "flash_price", "dram_power", "flash_power")
 
 
 def _size_arg(text: str) -> int:
@@ -49,7 +52,6 @@ def _size_arg(text: str) -> int:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "cost",
-        help="memory-expansion cost, flash endurance and swap pipeline budget (HiFC models)",
         description="HiFC's memory-expansion cost (DRAM vs flash), pSLC endurance and lifetime, "
         "and the swap pipeline budget. Every input is an option; defaults are the paper's numbers "
         "or the assumptions documented in kvtier.eval.serving.costmodel.",
@@ -100,12 +102,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_ranges(args)
     report = {"cost": _cost_report(args), "endurance": _endurance_report(args)}
     pipeline = _pipeline_report(args)
     if pipeline:
         report["pipeline"] = pipeline
     print(json.dumps(report, indent=2) if args.json else _render(report))
     return 0
+
+
+def _check_ranges(args: argparse.Namespace) -> None:
+    """ConfigError naming the first option out of its range."""
+    for names, bad, must in ((_POSITIVE, lambda value: value <= 0, "be positive"),
+                             (_NON_NEGATIVE, lambda value: value < 0, "not be negative")):
+        for name in names:
+            if bad(getattr(args, name)):
+                raise ConfigError(f"{_flags([name])} must {must}, got {getattr(args, name)}")
 
 
 def _cost_report(args: argparse.Namespace) -> dict[str, Any]:

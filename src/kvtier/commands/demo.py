@@ -6,9 +6,10 @@ fact in the middle, asks for it, and answers with the KV cache split over
 device, host and disk by small budgets.
 
 The default KV mode is `sparse` (HillInfer), the fastest mode that keeps most
-of the KV on disk: measured side by side with `--kv offload` in
-docs/decisions.md. One fact is planted, mid-document: with three facts,
-smollm2-135m answered with the one nearest the question in every KV mode.
+of the KV on disk: side by side with `--kv offload` it decodes faster
+and reads a small share of offload's bytes. One fact is planted,
+mid-document: with three facts, smollm2-135m answered with the one nearest
+the question in every KV mode.
 The host budget (96 MiB of the ~289 MiB of float32 KV) holds the hot pool, a
 third of the tokens: the sparse path attends 20% of them, so a hot pool
 smaller than that would send most picks to the disk.
@@ -21,27 +22,32 @@ benchmark (`kvtier bench sparse` alternates rounds and takes medians).
 The default dtype is float32, the exact dequantized weights and the dtype in
 which the sparse path beats offload here; in bfloat16 the model's own work is
 cheaper (AMX-BF16 matmuls) but the sparse path's host-side float32 scoring
-and attention are not, and it only ties with offload (docs/decisions.md).
+and attention are not, and it only ties with offload.
 """
+
+from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+from typing import TYPE_CHECKING
 
-from kvtier.commands.generate import stream_to_stdout, summary_line
+from kvtier.commands.console import end_answer, write_answer
+from kvtier.commands.generate import summary_line
 from kvtier.commands.kv_options import add_dtype_option, add_kv_options, add_model_option, kv_config_from
 from kvtier.data.corpus import load_corpus
 from kvtier.data.needle import HaystackPrompt, build_haystack, make_needles, score_answer
-from kvtier.generation import GenerationResult, generate
-from kvtier.models.loader import load_model
-from kvtier.modes import KV_MODES, KVConfig
+from kvtier.kv_config import KV_MODES, KVConfig
 from kvtier.units import format_size
+
+if TYPE_CHECKING:
+    from kvtier.generation import GenerationResult
 
 DEPTHS = (0.5,)  # one fact mid-document: smollm2-135m finds it; with three it answers the last one
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("demo", help="needle in a long document with most KV on disk (what `make run` runs)")
+    parser = subparsers.add_parser("demo")
     add_model_option(parser)
     add_dtype_option(parser)
     parser.add_argument("--context-tokens", type=int, default=6500, help="document length in tokens")
@@ -59,19 +65,22 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     kv_config = kv_config_from(args)
+    from kvtier.models.loader import load_model  # only now: torch takes seconds, the options are checked first
+
     llm = load_model(args.model, dtype=args.dtype)
     corpus = load_corpus(args.corpus)
     needles = make_needles(len(DEPTHS), seed=args.seed)
     haystack = build_haystack(llm.tokenizer, corpus.text, args.context_tokens, needles, DEPTHS, ask=0)
     print(f"document: {haystack.context_tokens} tokens of {corpus.name} ({corpus.license}); a fact planted at depth {DEPTHS[0]}")
     print(f"question: {haystack.question}")
-    result, found = _answer(llm, haystack, args.max_new_tokens, kv_config)
+    result, found = _answer(llm, haystack, args.max_new_tokens, kv_config, args.progress)
     on_disk = result.kv_bytes.get("storage", 0) / max(sum(result.kv_bytes.values()), 1)
     print(f"KV on disk at the end: {on_disk:.0%} of {format_size(sum(result.kv_bytes.values()))}")
     report = {**result.to_json(), "expected": haystack.expected, "found": found, "corpus": corpus.name,
               "dtype": args.dtype}
     if args.versus not in ("none", args.kv):
-        other, other_found = _answer(llm, haystack, args.max_new_tokens, dataclasses.replace(kv_config, kv=args.versus))
+        other, other_found = _answer(llm, haystack, args.max_new_tokens, dataclasses.replace(kv_config, kv=args.versus),
+                                     args.progress)
         print(_comparison(result, other))
         report["versus"] = {**other.to_json(), "found": other_found}
     if args.json:
@@ -79,12 +88,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _answer(llm, haystack: HaystackPrompt, max_new_tokens: int, kv_config: KVConfig) -> tuple[GenerationResult, bool]:
+def _answer(llm, haystack: HaystackPrompt, max_new_tokens: int, kv_config: KVConfig,
+            progress: bool) -> tuple[GenerationResult, bool]:
     """Generate the answer in one KV mode, streaming it; print the verdict and the cost line."""
-    print(f"answer ({kv_config.kv}): ", end="", flush=True)
-    result = generate(llm, haystack.prompt, max_new_tokens, kv_config, on_text=stream_to_stdout)
+    from kvtier.generation import generate
+
+    write_answer(f"answer ({kv_config.kv}): ")
+    try:
+        result = generate(llm, haystack.prompt, max_new_tokens, kv_config, on_text=write_answer, progress=progress)
+    finally:
+        end_answer()
     found = score_answer(result.text, haystack.expected, haystack.distractors)
-    print(f"\nexpected: {haystack.expected} -> {'FOUND' if found else 'NOT FOUND'}")
+    print(f"expected: {haystack.expected} -> {'FOUND' if found else 'NOT FOUND'}")
     print(summary_line(result))
     return result, found
 

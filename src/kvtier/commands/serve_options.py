@@ -1,11 +1,11 @@
-"""Command-line options shared by `kvtier batch` and `kvtier bench serve`: the serving engine's config."""
+"""Command-line options shared by `kvtier serve`, `kvtier batch` and `kvtier bench serve`: the serving engine's config,
+with its tiered sequences (long prompts)."""
 
 from __future__ import annotations
 
 import argparse
 
-from kvtier.engine.serving_engine import SWAP_MODES, EngineConfig
-from kvtier.engine.flash_swap import ALLOCATORS
+from kvtier.engine.config import ALLOCATORS, SWAP_MODES, EngineConfig
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +20,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--swap-space", default=defaults.swap_space,
                        help="flash file / host swap pool size (default %(default)s)")
     group.add_argument("--flash-path", default=None,
-                       help="flash cache file, reused across runs (default: <user cache>/kvtier/kv/)")
+                       help="flash swap file, locked while in use and deleted at exit "
+                            "(default: <user cache>/kvtier/kv/flash-<model>-<block tokens>.kvc)")
     group.add_argument("--flash-allocator", choices=ALLOCATORS, default=defaults.flash_allocator,
                        help="flash slot policy: HiFC append-only log or naive reuse (default %(default)s)")
     group.add_argument("--io-threads", type=int, default=defaults.io_threads,
@@ -29,6 +30,16 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                        help="sequences running at once (default %(default)s)")
     group.add_argument("--max-batched-tokens", type=int, default=defaults.max_batched_tokens,
                        help="tokens per forward, bounds prefill chunks (default %(default)s)")
+    tiered = parser.add_argument_group("long prompts (tiered sequences: HillInfer's tiers under the engine)")
+    tiered.add_argument("--no-sparse", dest="sparse", action="store_false",
+                        help="refuse prompts beyond the device pool instead of serving them as tiered sequences")
+    tiered.add_argument("--host-kv-budget", default=defaults.host_kv_budget,
+                        help="host DRAM for the tiered sequences' hot pools, over all of them (default %(default)s)")
+    tiered.add_argument("--max-tiered-seqs", type=int, default=defaults.max_tiered_seqs,
+                        help="tiered sequences running at once, each with an equal share of the host budget "
+                             "(default %(default)s)")
+    tiered.add_argument("--storage-dir", default=None,
+                        help="directory of the tiered sequences' cold-pool files (default: <user cache>/kvtier/kv)")
 
 
 def engine_config_from(args: argparse.Namespace, **overrides: object) -> EngineConfig:
@@ -36,6 +47,18 @@ def engine_config_from(args: argparse.Namespace, **overrides: object) -> EngineC
         "block_tokens": args.block_tokens, "device_kv_budget": args.device_kv_budget, "swap": args.swap,
         "swap_space": args.swap_space, "flash_path": args.flash_path, "flash_allocator": args.flash_allocator,
         "io_threads": args.io_threads, "max_num_seqs": args.max_num_seqs,
-        "max_batched_tokens": args.max_batched_tokens,
+        "max_batched_tokens": args.max_batched_tokens, "host_kv_budget": args.host_kv_budget,
+        "max_tiered_seqs": args.max_tiered_seqs,
     }
     return EngineConfig(**(fields | overrides)).validated()
+
+
+def tiers_from(args: argparse.Namespace, llm, store=None):
+    """The tiered sequences' provider for `llm` (None with --no-sparse): the sparse path's defaults, its cold pools
+    under --storage-dir, documents reused from and stored to `store` (a DocumentStore, or None)."""
+    if not args.sparse:
+        return None
+    from kvtier.kv_config import KVConfig
+    from kvtier.tiered_kv import SparseTiers
+
+    return SparseTiers(llm, KVConfig(kv="sparse", storage_dir=args.storage_dir), store)

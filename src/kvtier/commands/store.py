@@ -1,18 +1,22 @@
-"""`kvtier store`: list the document KV store's entries, remove one, or clear it."""
+"""`kvtier store`: list the document KV store's entries, remove one, or clear it.
+
+A store path that does not exist yet lists as empty and is not created.
+"""
 
 import argparse
 import time
+from pathlib import Path
 
-from kvtier.commands.store_options import add_store_options
-from kvtier.docstore.document_store import DocumentStore
-from kvtier.units import format_size
+from kvtier.commands.store_options import add_store_options, store_root
+from kvtier.docstore.document_store import DocumentStore, StoredEntry
+from kvtier.errors import ConfigError
+from kvtier.units import counted, format_size
 
 _COLUMNS = ("ID", "TOKENS", "SIZE", "MODEL", "LAST USE", "DOCUMENT")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("store", help="list, remove or clear stored prompt KV",
-                                   description="The document KV store: prompts' prefill KV kept for reuse.")
+    parser = subparsers.add_parser("store", description="The document KV store: prompts' prefill KV kept for reuse.")
     actions = parser.add_subparsers(dest="store_action", metavar="{list,remove,clear}")
     listing = actions.add_parser("list", help="entries, most recently used first (the default)")
     remove = actions.add_parser("remove", help="remove one entry")
@@ -24,26 +28,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    store = DocumentStore(getattr(args, "kv_store", None))  # `kvtier store` alone: the default store
+    root = store_root(getattr(args, "kv_store", None))  # `kvtier store` alone: the default store
+    store = DocumentStore(root) if root.exists() else None
     if args.store_action == "remove":
-        entry = store.remove(args.id)
-        print(f"removed {entry.id} ({format_size(entry.nbytes)})")
+        if store is None:
+            raise ConfigError(f"there is no KV store at {root}; nothing to remove")
+        entry_id, freed = store.remove(args.id)
+        print(f"removed {entry_id} ({format_size(freed)})")
     elif args.store_action == "clear":
-        print(f"removed {store.clear()} entries from {store.root}")
+        removed, freed = store.clear() if store is not None else (0, 0)
+        print(f"removed {counted(removed, 'entry', 'entries')} ({format_size(freed)}) from {root}")
     else:
-        _print_entries(store)
+        _print_entries(store.entries() if store is not None else [], root)
     return 0
 
 
-def _print_entries(store: DocumentStore) -> None:
-    entries = store.entries()
-    rows = [(entry.id, str(entry.meta.tokens), format_size(entry.nbytes), entry.meta.identity["model_id"],
+def _print_entries(entries: list[StoredEntry], root: Path) -> None:
+    sizes = [entry.nbytes for entry in entries]  # measured once: each is a walk of the entry's files
+    rows = [(entry.id, str(entry.meta.tokens), format_size(size), entry.meta.identity["model_id"],
              time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used)), _one_line(entry.meta.head))
-            for entry in entries]
+            for entry, size in zip(entries, sizes)]
     widths = [max(len(row[i]) for row in (_COLUMNS, *rows)) for i in range(len(_COLUMNS))]
     for row in (_COLUMNS, *rows):
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-    print(f"{len(entries)} entries, {format_size(sum(entry.nbytes for entry in entries))} in {store.root}")
+    print(f"{counted(len(entries), 'entry', 'entries')}, {format_size(sum(sizes))} in {root}")
 
 
 def _one_line(text: str) -> str:

@@ -1,8 +1,11 @@
 """Command-line options of the document KV store (no torch import: `kvtier store list` answers at once)."""
 
 import argparse
+from pathlib import Path
 
+from kvtier.docstore import document_store
 from kvtier.docstore.document_store import DEFAULT_SIZE, ON_CORRUPT, DocumentStore
+from kvtier.errors import ConfigError
 
 
 def add_store_options(parser: argparse.ArgumentParser, reuse: bool = True) -> None:
@@ -19,9 +22,18 @@ def add_store_options(parser: argparse.ArgumentParser, reuse: bool = True) -> No
                        help="a damaged stored entry: drop it and prefill again, or fail (default %(default)s)")
 
 
+def store_root(option: str | None) -> Path:
+    """The directory `--kv-store` names (None: the user's default store); ConfigError when it is a file."""
+    root = Path(option) if option else document_store.default_store_dir()
+    if root.is_file():
+        raise ConfigError(f"--kv-store {root} is a file; the KV store is a directory (give one, or leave the option "
+                          "out for the default)")
+    return root
+
+
 def store_from(args: argparse.Namespace) -> DocumentStore | None:
     """The store the options name; None with --no-kv-store."""
     if getattr(args, "no_kv_store", False):
         return None
-    return DocumentStore(args.kv_store, getattr(args, "kv_store_size", DEFAULT_SIZE),
+    return DocumentStore(store_root(args.kv_store), getattr(args, "kv_store_size", DEFAULT_SIZE),
                          getattr(args, "on_corrupt", "recompute"))

@@ -16,11 +16,12 @@ the prefix it would spill from the entry's kv.bin in place instead of writing
 it to its own KV file (entry.StoredKV). The store treats the
 directory as part of the entry (size, removal) and knows nothing of its format.
 
-    keys.py     what an entry is keyed on: the bytes' identity, the tokens chained per block
-    meta.py     an entry's meta.json: identity, block keys, layer shapes, record checksums
-    entry.py    an entry's kv.bin: one run per (layer, K|V, head), written in place, read straight into tensors
-    store.py    DocumentStore: longest-prefix lookup, publish, LRU bound, list / remove / clear, stale temporaries
-    reuse.py    one prompt's use of the store: what to load, what to record, when to publish
+    keys.py            what an entry is keyed on: the bytes' identity, the tokens chained per block
+    meta.py            an entry's meta.json: identity, block keys, layer shapes, record checksums
+    entry.py           an entry's kv.bin: one run per (layer, K|V, head), written in place, read straight into tensors
+    document_store.py  DocumentStore: longest-prefix lookup, publish, LRU bound, list / remove / clear, stale files
+    reuse.py           one prompt's use of the store: what to load, what to record, when to publish
+    recovery.py        a prompt into a fresh cache with the store; a damaged entry dropped (or raised), then cold
 """
 
 from kvtier.docstore.document_store import DocumentStore, default_store_dir

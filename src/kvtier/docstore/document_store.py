@@ -169,19 +169,22 @@ class DocumentStore:
         log.warning("KV store entry %s is damaged (%s); removed", path.name, reason)
         self._remove(path)
 
-    def remove(self, id_prefix: str) -> StoredEntry:
+    def remove(self, id_prefix: str) -> tuple[str, int]:
+        """Remove the one entry whose id starts with `id_prefix`; (its id, the disk bytes freed).
+
+        Raises ConfigError when no entry or several match, StorageError naming the entry and the reason when it cannot
+        be removed (a read-only store)."""
         matches = [entry for entry in self.entries() if entry.id.startswith(id_prefix)]
         if len(matches) != 1:
             raise ConfigError(f"{'no' if not matches else 'more than one'} KV store entry starts with {id_prefix!r}; "
                               "see `kvtier store list`")
-        self._remove(matches[0].path)
-        return matches[0]
+        return matches[0].id, self._delete(matches[0].path)
 
-    def clear(self) -> int:
+    def clear(self) -> tuple[int, int]:
+        """Remove every entry; (entries removed, disk bytes freed). StorageError at the first that cannot be removed,
+        naming it and the reason (the entries before it are gone)."""
         entries = self.entries()
-        for entry in entries:
-            self._remove(entry.path)
-        return len(entries)
+        return len(entries), sum(self._delete(entry.path) for entry in entries)
 
     def _evict_until_free(self, nbytes: int) -> None:
         entries = self.entries()
@@ -195,12 +198,29 @@ class DocumentStore:
             total -= sizes[entry.id]
 
     def _remove(self, path: Path) -> None:
+        """`_delete` for eviction and damaged entries: a store that cannot remove them (read-only) still serves."""
+        try:
+            self._delete(path)
+        except StorageError as error:
+            log.debug("%s", error)
+
+    def _delete(self, path: Path) -> int:
+        """Remove the entry at `path`; the disk bytes freed (0 when another process removed it first).
+
+        Raises StorageError naming the entry and the reason when it cannot be removed, or not all of it."""
+        nbytes = disk_bytes(path)
         trash = self.root / f"{_TRASH}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            os.rename(path, trash)
-        except OSError:
-            return  # gone already (another process), or a read-only store: nothing to do
+            os.rename(path, trash)  # first, so no reader sees half an entry
+        except FileNotFoundError:
+            return 0
+        except OSError as error:
+            raise StorageError(f"cannot remove KV store entry {path.name} from {self.root}: {error.strerror}") from None
         shutil.rmtree(trash, ignore_errors=True)
+        if trash.exists():
+            raise StorageError(f"KV store entry {path.name} is only partly removed: {trash.name} is left in "
+                               f"{self.root}; check its permissions")
+        return nbytes
 
     def _entry_dirs(self) -> list[Path]:
         try:

@@ -30,6 +30,7 @@ import torch
 
 from kvtier.storage import IOEngine, aligned_buffer, checksum, fsync_directory, open_direct, write_new_file
 from kvtier.storage.checksum import unit_checksums
+from kvtier.storage.file_lock import FileLock
 from kvtier.storage.io_engine import then
 from kvtier.docstore.meta import KV, META, CorruptEntry, EntryMeta
 
@@ -47,7 +48,13 @@ class EntryWriter:
         self.directory, self.meta = directory, meta
         meta.crc32c = [0] * (len(meta.blocks) * sum(2 * heads for heads, _ in meta.layers))
         directory.mkdir()
-        self._fd = os.open(directory / KV, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        # locked like every file kvtier writes; released (its lock file deleted) before the entry is published
+        self._lock = FileLock.acquire(directory / KV, "KV store entry file")
+        try:
+            self._fd = os.open(directory / KV, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except BaseException:
+            self._lock.release()
+            raise
         self._pending: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in meta.layers]
         self._written = 0  # blocks
         self.failure: OSError | None = None  # a write failed (full disk...): the entry is dropped, the prompt goes on
@@ -87,15 +94,20 @@ class EntryWriter:
             raise OSError(0, f"only {self._written} of {len(self.meta.blocks)} blocks were written")
         self.meta.created = time.time()
         os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = -1
+        self._close()
         write_new_file(self.directory / META, self.meta.to_bytes())
         fsync_directory(self.directory)
 
     def abandon(self) -> None:
+        """Stop writing (idempotent); the directory stays for the store to drop."""
+        self._close()
+
+    def _close(self) -> None:
+        """Close kv.bin and give up its lock."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        self._lock.release()
 
 
 def read_layers(directory: Path, meta: EntryMeta, blocks: int, io: IOEngine) -> Iterator[tuple[int, torch.Tensor,
@@ -126,6 +138,7 @@ class StoredKV:
 
     def __init__(self, directory: Path, meta: EntryMeta, tokens: int) -> None:
         self.directory, self.meta, self.tokens = directory, meta, tokens
+        self.bytes_read = 0  # opening reads nothing: the records are read per step, counted by the cache's I/O
         try:
             self.fd, _ = open_direct(directory / KV, os.O_RDONLY)
         except FileNotFoundError:  # removed by another process since the lookup

@@ -23,7 +23,7 @@ from kvtier.models.install import file_sha256
 from kvtier.storage import PAGE
 
 FORMAT_VERSION = 1  # of the entry layout (entry.py); bumping it makes every older entry a non-match
-MIN_BLOCK_TOKENS = 16  # a question reuses its document up to the block it starts in (docs/decisions.md)
+MIN_BLOCK_TOKENS = 16  # a question reuses its document up to the block it starts in: the rest is prefilled again
 DOCUMENT_TOKENS = 256  # the leading tokens that tell a user a store holds this document for another model
 
 

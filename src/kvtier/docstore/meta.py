@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
-from kvtier.errors import StorageError
+from kvtier.errors import DamagedEntryError, StorageError
 from kvtier.storage import PAGE
 from kvtier.storage.sealed_json import BrokenSeal, seal, unseal
 
@@ -18,7 +18,7 @@ META, KV = "meta.json", "kv.bin"
 ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-class CorruptEntry(StorageError):
+class CorruptEntry(DamagedEntryError):
     """A stored entry that fails its checksums or is cut short: never used."""
 
 

@@ -8,9 +8,14 @@ range, written by one pwritev straight from the pool's page-aligned block
 memory with O_DIRECT (no staging copy), spread over the I/O engine's threads.
 Every block carries a crc32c that is verified on swap-in.
 
-The file is a cache, never a source of truth: it is reused across runs when its
-header matches (so start-up costs an open, not an allocation), and recreated
-when it does not. Nothing in it survives a run: the log starts empty each time.
+The file is scratch space, never a source of truth: nothing in it survives a
+run (the log starts empty each time), so `close` deletes it unless the caller
+keeps it (`keep_file`, for the benchmark that times reopening a pre-created
+file). One process owns it: opening takes its lock before anything else, and a
+second process on the same path gets an error naming the first one's pid
+rather than truncating a file in use. A file left by a killed run is not
+locked: it is reused when its header matches (start-up costs an open, not an
+allocation) and recreated when it does not.
 """
 
 from __future__ import annotations
@@ -20,14 +25,15 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from kvtier.errors import ConfigError, StorageError
+from kvtier.engine.config import ALLOCATORS
 from kvtier.engine.kv_pool import KVPool
 from kvtier.engine.swap import SwapBackend
 from kvtier.storage import IOEngine, KVBlockFile
 from kvtier.storage.block_file import BlockRequest
+from kvtier.storage.file_lock import FileInUseError
 from kvtier.storage.flash_log import DEFAULT_SEGMENT_SLOTS, FlashLog, NaiveReuseAllocator, SlotAllocator
 
 log = logging.getLogger(__name__)
-ALLOCATORS = ("log", "naive")
 
 
 def open_flash_file(path: str | os.PathLike[str], pool: KVPool, num_slots: int, model_id: str,
@@ -37,6 +43,8 @@ def open_flash_file(path: str | os.PathLike[str], pool: KVPool, num_slots: int, 
     if os.path.isfile(path):
         try:
             file = KVBlockFile.open(path, geometry, block_tokens, model_id, io=io)
+        except FileInUseError:
+            raise
         except StorageError as error:  # another model, block size or format: the cache is rebuilt below
             log.info("recreating flash cache %s: %s", path, error)
         else:
@@ -47,13 +55,19 @@ def open_flash_file(path: str | os.PathLike[str], pool: KVPool, num_slots: int, 
 
 
 class FlashSwap(SwapBackend):
-    """Swap space on a flash cache file; `allocator` "log" (HiFC append-only) or "naive" (lowest free slot)."""
+    """Swap space on a flash cache file; `allocator` "log" (HiFC append-only) or "naive" (lowest free slot).
+
+    `keep_file`: leave the file for the next open at `close` (by default it is deleted: it holds nothing a later run
+    could use, and a 1 GiB file left behind is shown by no command).
+    """
 
     name = "flash"
 
     def __init__(self, pool: KVPool, path: str | os.PathLike[str], num_slots: int, model_id: str,
-                 io_threads: int = 16, allocator: str = "log", segment_slots: int = DEFAULT_SEGMENT_SLOTS) -> None:
+                 io_threads: int = 16, allocator: str = "log", segment_slots: int = DEFAULT_SEGMENT_SLOTS,
+                 keep_file: bool = False) -> None:
         self._check_pool(pool)
+        self.keep_file = keep_file
         super().__init__(pool, _allocator(allocator, num_slots, segment_slots))
         self.io = IOEngine(io_threads)
         try:
@@ -91,7 +105,10 @@ class FlashSwap(SwapBackend):
 
     def close(self) -> None:
         self._submitter.shutdown(wait=True)
-        self.file.close()
+        if self.keep_file:
+            self.file.close()
+        else:
+            self.file.remove()
         self.io.close()
 
 

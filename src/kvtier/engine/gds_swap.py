@@ -76,8 +76,8 @@ class GdsFlashSwap(FlashSwap):
 
     def __init__(self, pool: KVPool, path: str | os.PathLike[str], num_slots: int, model_id: str,
                  io_threads: int = 16, allocator: str = "log", segment_slots: int = DEFAULT_SEGMENT_SLOTS,
-                 open_file: CuFileOpener = open_cufile) -> None:
-        super().__init__(pool, path, num_slots, model_id, io_threads, allocator, segment_slots)
+                 keep_file: bool = False, open_file: CuFileOpener = open_cufile) -> None:
+        super().__init__(pool, path, num_slots, model_id, io_threads, allocator, segment_slots, keep_file)
         try:
             self._cufile, self._description, self._direct_reads = open_file(self.file.path, io_threads)
         except BaseException:

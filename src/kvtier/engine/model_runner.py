@@ -4,6 +4,7 @@ The scheduler decides *which* tokens run; this module turns that into one
 forward: input ids and positions packed as [1, N], each token's pool slot
 (block, offset) from its sequence's block table, and logits only for the
 sequences whose pending tokens all ran this step (they sample their next token).
+A tiered sequence's tokens get no pool slot: its own KV stores them (tiered.py).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """Forward the chunks; return the last-position logits [n, vocab] of the n completing chunks, in order."""
-        ids, positions, blocks, offsets, segments, sample_rows = [], [], [], [], [], []
+        ids, positions, blocks, offsets, segments, sample_rows, paged_rows = [], [], [], [], [], [], []
         start = 0
         block_tokens = self.pool.block_tokens
         for chunk in chunks:
@@ -54,15 +55,21 @@ class ModelRunner:
             span = range(first, first + chunk.num_tokens)
             ids.extend(seq.token_ids[first:first + chunk.num_tokens])
             positions.extend(span)
-            blocks.extend(seq.block_table[p // block_tokens] for p in span)
-            offsets.extend(p % block_tokens for p in span)
-            covered = -(-span.stop // block_tokens)
-            segments.append(Segment(start, chunk.num_tokens, first,
-                                    torch.tensor(seq.block_table[:covered], dtype=torch.long, device=self.device)))
+            if seq.kv is not None:  # a tiered sequence: its KV stores and attends its tokens
+                seq.kv.locate(start + chunk.num_tokens - 1)
+                segments.append(Segment(start, chunk.num_tokens, first, None, seq.kv))
+            else:
+                paged_rows.extend(range(start, start + chunk.num_tokens))
+                blocks.extend(seq.block_table[p // block_tokens] for p in span)
+                offsets.extend(p % block_tokens for p in span)
+                covered = -(-span.stop // block_tokens)
+                table = torch.tensor(seq.block_table[:covered], dtype=torch.long, device=self.device)
+                segments.append(Segment(start, chunk.num_tokens, first, table))
             start += chunk.num_tokens
             if chunk.completes:
                 sample_rows.append(start - 1)
-        batch = PagedBatch(self.pool, self._long(blocks), self._long(offsets), tuple(segments))
+        rows = None if len(paged_rows) == start else self._long(paged_rows)
+        batch = PagedBatch(self.pool, self._long(blocks), self._long(offsets), tuple(segments), rows)
         logits = self.model(input_ids=self._long(ids)[None], position_ids=self._long(positions)[None],
                             use_cache=False, paged_batch=batch, logits_to_keep=self._long(sample_rows)).logits
         return logits[0]

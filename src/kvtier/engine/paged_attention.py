@@ -9,8 +9,9 @@ tables and slots travel in one `PagedBatch` passed as the model kwarg
 
 Tokens of all sequences in a forward are packed along one row ([1, N], like
 vLLM's flattened batch), so a step can mix prefill chunks and decode tokens of
-ragged lengths. Each sequence is attended separately with SDPA over its own
-gathered blocks; a query at position p sees keys 0..p, and on sliding-window
+ragged lengths. A tiered sequence's tokens go to its own KV (tiered.py), which
+stores and attends them; the rest are stored into the pool, and each
+sequence is attended separately with SDPA over its own gathered blocks; a query at position p sees keys 0..p, and on sliding-window
 layers (Gemma 3) only the last `sliding_window` of them.
 
 No mask function is registered on purpose: for an attention implementation
@@ -29,18 +30,21 @@ from transformers import AttentionInterface
 
 from kvtier.errors import ModelError
 from kvtier.engine.kv_pool import KVPool
+from kvtier.engine.tiered import SequenceKV
 
 ATTENTION_NAME = "kvtier_paged"
 
 
 @dataclass(frozen=True)
 class Segment:
-    """The packed tokens [start, start + length) of one sequence, at positions first_position onwards."""
+    """The packed tokens [start, start + length) of one sequence, at positions first_position onwards: a paged
+    sequence's with its block table, or a tiered sequence's with its KV (which stores and attends them itself)."""
 
     start: int
     length: int
     first_position: int
-    block_table: torch.Tensor  # long, the blocks covering positions 0 .. first_position + length - 1
+    block_table: torch.Tensor | None  # long, the blocks covering positions 0 .. first_position + length - 1
+    kv: SequenceKV | None = None
 
     @property
     def context_length(self) -> int:
@@ -52,9 +56,10 @@ class PagedBatch:
     """Everything one forward needs to find and store KV: the pool, each token's slot, each sequence's blocks."""
 
     pool: KVPool
-    slot_blocks: torch.Tensor  # long [N]: pool block of each packed token
-    slot_offsets: torch.Tensor  # long [N]: offset of the token inside that block
+    slot_blocks: torch.Tensor  # long [M]: pool block of each packed token of a paged sequence
+    slot_offsets: torch.Tensor  # long [M]: offset of the token inside that block
     segments: tuple[Segment, ...]
+    paged_rows: torch.Tensor | None = None  # long [M]: which packed tokens those are; None: all N
 
 
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -69,11 +74,19 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     layer = module.layer_idx
     pool = paged_batch.pool
     keys, values = pool.keys(layer), pool.values(layer)
-    keys[paged_batch.slot_blocks, paged_batch.slot_offsets] = key[0].transpose(0, 1).to(keys.dtype)
-    values[paged_batch.slot_blocks, paged_batch.slot_offsets] = value[0].transpose(0, 1).to(values.dtype)
+    rows = paged_batch.paged_rows
+    paged_keys, paged_values = (key[0], value[0]) if rows is None else (key[0][:, rows], value[0][:, rows])
+    keys[paged_batch.slot_blocks, paged_batch.slot_offsets] = paged_keys.transpose(0, 1).to(keys.dtype)
+    values[paged_batch.slot_blocks, paged_batch.slot_offsets] = paged_values.transpose(0, 1).to(values.dtype)
     window = sliding_window or getattr(module, "sliding_window", None)
-    outputs = [_attend_one(query[:, :, seg.start:seg.start + seg.length], keys, values, seg, scaling, window)
-               for seg in paged_batch.segments]
+    outputs = []
+    for seg in paged_batch.segments:
+        span = slice(seg.start, seg.start + seg.length)
+        if seg.kv is None:
+            outputs.append(_attend_one(query[:, :, span], keys, values, seg, scaling, window))
+        else:
+            outputs.append(seg.kv.attend(module, query[:, :, span], key[:, :, span], value[:, :, span], scaling,
+                                         window))
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 

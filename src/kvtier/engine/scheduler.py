@@ -19,6 +19,9 @@ produce the same schedule, the same swaps and therefore the same outputs):
    then grow into the rest and preemption handles it when they outgrow it; the
    earlier rule (one spare block per running sequence) admitted so cautiously
    that the benchmark workloads ran almost one at a time and never swapped.
+   A tiered sequence (tiered.py) is admitted in its turn when fewer than
+   `max_tiered_seqs` run and the pool has room for its window's reservation;
+   its KV is opened then (a stored document's prefix loaded into it).
 4. Plan the forward: running sequences by priority then arrival get their next
    tokens (one for a decode, a chunk for a prefill, within a token budget) if
    their blocks can grow. When the pool is out, a victim is preempted: lowest
@@ -28,6 +31,9 @@ produce the same schedule, the same swaps and therefore the same outputs):
    batch keeps stepping; the sequence that needed room waits one step. A
    full swap space (FlashFullError) or no swap backend means recompute: the
    victim's blocks are freed at once and it re-enters the waiting queue.
+   A tiered sequence is scheduled like the rest (a prefill chunk within the
+   token budget, or one decode token) but needs no new blocks, and is never a
+   victim: its reservation is small and its tiers lie outside the pool.
 """
 
 from __future__ import annotations
@@ -35,11 +41,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from kvtier.errors import ChecksumError, ConfigError, StorageError
+from kvtier.errors import ChecksumError, ConfigError, KvtierError, StorageError
 from kvtier.engine.block_manager import BlockManager, blocks_for
 from kvtier.engine.model_runner import ScheduledChunk
 from kvtier.engine.sequence import Sequence, Status
 from kvtier.engine.swap import PendingSwapOut, SwapBackend
+from kvtier.engine.tiered import Tiers
 from kvtier.storage.flash_log import FlashFullError
 
 
@@ -63,7 +70,7 @@ class Scheduler:
     """Queues of sequences and the policy that moves them between device, swap space and recompute."""
 
     def __init__(self, blocks: BlockManager, swap: SwapBackend | None, max_num_seqs: int = 32,
-                 max_batched_tokens: int = 512) -> None:
+                 max_batched_tokens: int = 512, tiers: Tiers | None = None) -> None:
         if max_num_seqs < 1 or max_batched_tokens < 1:
             raise ConfigError(f"max_num_seqs and max_batched_tokens must be positive, "
                               f"got {max_num_seqs} and {max_batched_tokens}")
@@ -76,14 +83,19 @@ class Scheduler:
         self.swapped: deque[Sequence] = deque()
         self.swapping_out: list[tuple[Sequence, PendingSwapOut]] = []
         self.stats = SchedulerStats()
+        self.tiers = tiers
+        self.failed: list[Sequence] = []  # sequences that could not start (their error in `warnings`), this step
         self._last_run: dict[int, int] = {}
 
     def add(self, seq: Sequence) -> None:
+        """Queue `seq`: paged when the pool could hold all of its KV, else tiered (when the engine has tiers)."""
         needed = blocks_for(seq.max_tokens, self.blocks.block_tokens)
         if needed > self.blocks.num_blocks:
-            raise ConfigError(
-                f"request {seq.request_id} may need {seq.max_tokens} tokens = {needed} KV blocks, but the device "
-                f"pool has {self.blocks.num_blocks}; raise the device KV budget or lower max_new_tokens")
+            if self.tiers is None:
+                raise ConfigError(
+                    f"request {seq.request_id} may need {seq.max_tokens} tokens = {needed} KV blocks, but the device "
+                    f"pool has {self.blocks.num_blocks}; raise the device KV budget or lower max_new_tokens")
+            seq.tiered = True
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -92,6 +104,7 @@ class Scheduler:
     def schedule(self) -> list[ScheduledChunk]:
         """Move sequences between queues and return the chunks of the next forward (maybe empty)."""
         self.stats.steps += 1
+        self.failed = []
         self._finish_swap_outs()
         self._swap_in()
         if not self.swapped:
@@ -100,8 +113,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.blocks.release(seq)
-        self._last_run.pop(seq.request_id, None)
+        self._release(seq)
         seq.status = Status.FINISHED
 
     def abort(self, seq: Sequence) -> None:
@@ -119,9 +131,19 @@ class Scheduler:
             self.running.remove(seq)
         else:
             self.waiting.remove(seq)
+        self._release(seq)
+        seq.status = Status.FINISHED
+
+    def tiered_running(self) -> list[Sequence]:
+        return [seq for seq in self.running if seq.kv is not None]
+
+    def _release(self, seq: Sequence) -> None:
+        """Give back what `seq` holds: its device blocks and, if tiered, every tier of its KV."""
         self.blocks.release(seq)
         self._last_run.pop(seq.request_id, None)
-        seq.status = Status.FINISHED
+        if seq.kv is not None:
+            seq.kv.close()
+            seq.kv = None
 
     def close(self) -> None:
         """Wait for swap-outs in flight (their writes read pool memory)."""
@@ -171,11 +193,36 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.tiered:
+                if not self._admit_tiered(seq):
+                    return
+                continue
             if self.blocks.num_free < blocks_for(seq.num_tokens, self.blocks.block_tokens) + self._watermark():
                 return
             self.waiting.popleft()
             self.blocks.grow(seq, seq.num_tokens)
             self._start_running(seq)
+
+    def _admit_tiered(self, seq: Sequence) -> bool:
+        """Start the tiered sequence at the head of the queue if a tiered share is free; False when it must wait.
+        Its KV is opened now (a stored document's prefix loaded into it); a failure ends the request."""
+        tiers = self.tiers
+        if len(self.tiered_running()) >= tiers.max_seqs:
+            return False
+        if self.blocks.num_free < tiers.budgets.device_blocks + self._watermark():
+            return False
+        self.waiting.popleft()
+        try:
+            seq.kv, seq.num_computed = tiers.provider.open(seq.prompt_ids, seq.max_tokens, tiers.budgets.device_bytes,
+                                                           tiers.budgets.host_bytes)
+        except KvtierError as error:
+            seq.warnings.append(str(error))
+            seq.status = Status.FINISHED
+            self.failed.append(seq)
+            return True
+        seq.block_table = self.blocks.allocate(tiers.budgets.device_blocks)
+        self._start_running(seq)
+        return True
 
     def _plan(self) -> list[ScheduledChunk]:
         chunks: list[ScheduledChunk] = []
@@ -188,6 +235,11 @@ class Scheduler:
             count = min(seq.pending_tokens(), budget)
             if count == 0:
                 break
+            if seq.kv is not None:  # its device blocks were reserved at admission
+                chunks.append(ScheduledChunk(seq, count))
+                self._last_run[seq.request_id] = self.stats.steps
+                budget -= count
+                continue
             needed = self.blocks.blocks_needed(seq, seq.num_computed + count)
             if needed > self.blocks.num_free:
                 scheduled = {chunk.seq.request_id for chunk in chunks}
@@ -208,7 +260,9 @@ class Scheduler:
     def _make_room(self, needed: int, exclude: set[int]) -> bool:
         """Preempt victims until `needed` blocks are free now or freed by swap-outs in flight; False if impossible."""
         coming = sum(len(seq.block_table) for seq, _ in self.swapping_out)
-        candidates = sorted((s for s in self.running if s.request_id not in exclude), key=self._victim_key)
+        # A tiered sequence holds only its window's reservation: preempting it would free little.
+        candidates = sorted((s for s in self.running if s.request_id not in exclude and s.kv is None),
+                            key=self._victim_key)
         for victim in candidates:
             if self.blocks.num_free + coming >= needed:
                 return True

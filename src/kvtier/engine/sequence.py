@@ -12,7 +12,10 @@ A sequence moves through these states (scheduler.py drives every transition):
 
     any state --abort--> FINISHED (finish_reason "abort"; its device blocks and swap slots freed)
 
-`num_computed` counts the leading tokens whose K/V sit in the device pool. A
+A tiered sequence (tiered.py) takes the same path without swapping: admitted, it opens its tiered
+KV; finished or aborted, it closes it.
+
+`num_computed` counts the leading tokens whose K/V sit in the device pool (a tiered sequence: in its KV). A
 prefill runs the not-yet-computed tokens in chunks; a decode step runs exactly
 one token (the last one sampled). Recompute sets `num_computed` back to 0 and
 keeps the generated tokens, so the sequence resumes where it stopped.
@@ -22,8 +25,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvtier.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvtier.engine.tiered import SequenceKV
 
 
 class Status(enum.Enum):
@@ -80,6 +87,10 @@ class Sequence:
     swap_outs: int = 0
     recomputes: int = 0
     warnings: list[str] = field(default_factory=list)  # recovered errors, e.g. a corrupted swap block
+    tiered: bool = False  # its KV outgrows the paged pool: it lives in tiers of its own (tiered.py)
+    kv: SequenceKV | None = None  # a running tiered sequence's KV; its block table is then its device reservation
+    arrived_s: float = 0.0  # perf_counter at `add_request`
+    started_s: float | None = None  # perf_counter after its first forward
 
     @property
     def token_ids(self) -> list[int]:

@@ -32,6 +32,7 @@ from kvtier.kv.model_geometry import model_geometry
 from kvtier.models.prompts import prompt_ids
 from kvtier.paths import cache_dir
 from kvtier.engine.block_manager import BlockManager
+from kvtier.engine.config import EngineConfig
 from kvtier.engine.dram_swap import DramSwap
 from kvtier.engine.flash_swap import FlashSwap
 from kvtier.engine.gds_swap import GdsFlashSwap
@@ -41,38 +42,9 @@ from kvtier.engine.sampler import Sampler
 from kvtier.engine.scheduler import Scheduler
 from kvtier.engine.sequence import SamplingParams, Sequence
 from kvtier.engine.swap import SwapBackend
+from kvtier.engine.tiered import TierBudgets, TierProvider, Tiers
 from kvtier.storage import BlockLayout, KVGeometry
-from kvtier.storage.flash_log import DEFAULT_SEGMENT_SLOTS
 from kvtier.units import parse_size
-
-SWAP_MODES = ("flash", "dram", "recompute")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Pool and swap sizes. Sizes accept units (`256MiB`); `device_blocks` overrides `device_kv_budget`."""
-
-    block_tokens: int = 64  # HiFC's best block size (the HiFC paper, Fig. 6)
-    device_kv_budget: int | str = "256MiB"
-    device_blocks: int | None = None
-    swap: str = "flash"
-    swap_space: int | str = "1GiB"  # flash file / host pool size (same slot count for both)
-    flash_path: str | None = None  # default: <user cache>/kvtier/kv/flash-<model>-<block>.kvc
-    flash_allocator: str = "log"  # "log" (HiFC append-only) or "naive" (reuse lowest free slot)
-    segment_slots: int = DEFAULT_SEGMENT_SLOTS
-    io_threads: int = 16
-    max_num_seqs: int = 32
-    max_batched_tokens: int = 512
-
-    def validated(self) -> EngineConfig:
-        if self.swap not in SWAP_MODES:
-            raise ConfigError(f"unknown swap mode {self.swap!r}; choose one of {', '.join(SWAP_MODES)}")
-        if not 16 <= self.block_tokens <= 256:
-            raise ConfigError(f"block_tokens must be between 16 and 256, got {self.block_tokens}")
-        if self.io_threads < 1:
-            raise ConfigError(f"io_threads must be at least 1, got {self.io_threads}")
-        parse_size(self.device_kv_budget), parse_size(self.swap_space)
-        return self
 
 
 @dataclass(frozen=True)
@@ -80,8 +52,9 @@ class TokenEvent:
     """One token generated for a request in a step; `output` is set when that token finished it."""
 
     request_id: int
-    token_id: int
+    token_id: int | None  # None: the request ended without a new token (it could not start: `output` says why)
     output: RequestOutput | None = None
+    queue_s: float | None = None  # with a request's first token: its wait from `add_request` to its first forward
 
 
 @dataclass
@@ -96,6 +69,8 @@ class RequestOutput:
     swap_outs: int = 0
     recomputes: int = 0
     warnings: list[str] = field(default_factory=list)
+    tiered: bool = False  # its KV lived in tiers of its own (tiered.py)
+    queue_s: float | None = None  # from `add_request` to the first forward that ran it (None: never ran)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,7 +81,8 @@ class LLMEngine:
 
     def __init__(self, model: torch.nn.Module, config: EngineConfig | None = None,
                  encode: Callable[[str], list[int]] | None = None, decode: Callable[[list[int]], str] | None = None,
-                 eos_token_ids: Iterable[int] = (), model_id: str = "model") -> None:
+                 eos_token_ids: Iterable[int] = (), model_id: str = "model", tiers: TierProvider | None = None) -> None:
+        """`tiers`: makes the KV of sequences too long for the paged pool (without it they are refused)."""
         self.config = (config or EngineConfig()).validated()
         self.model_id = model_id
         self._encode, self._decode = encode, decode
@@ -117,8 +93,9 @@ class LLMEngine:
         self.swap = self._make_swap()
         self.init_seconds = time.perf_counter() - started
         self.block_manager = BlockManager(self.pool.num_blocks, self.config.block_tokens)
+        self.tiers = self._tiers(tiers, geometry) if tiers is not None else None
         self.scheduler = Scheduler(self.block_manager, self.swap, self.config.max_num_seqs,
-                                   self.config.max_batched_tokens)
+                                   self.config.max_batched_tokens, self.tiers)
         self.runner = ModelRunner(model, self.pool)
         self.sampler = Sampler()
         self._sequences: dict[int, Sequence] = {}
@@ -126,20 +103,21 @@ class LLMEngine:
         self.forward_tokens = 0
 
     @classmethod
-    def from_llm(cls, llm: Any, config: EngineConfig | None = None) -> LLMEngine:
+    def from_llm(cls, llm: Any, config: EngineConfig | None = None, tiers: TierProvider | None = None) -> LLMEngine:
         """An engine for a `kvtier.models.loader.LoadedModel`: chat-templated prompts, text outputs."""
         eos = llm.model.generation_config.eos_token_id
         eos = llm.tokenizer.eos_token_id if eos is None else eos
         return cls(llm.model, config, encode=lambda prompt: prompt_ids(llm, prompt)[0].tolist(),
                    decode=lambda ids: llm.tokenizer.decode(ids, skip_special_tokens=True),
-                   eos_token_ids=eos if isinstance(eos, (list, tuple)) else [eos], model_id=llm.model_id)
+                   eos_token_ids=eos if isinstance(eos, (list, tuple)) else [eos], model_id=llm.model_id,
+                   tiers=tiers)
 
     # ----- requests -----
 
     def add_request(self, prompt: str | list[int], sampling: SamplingParams | None = None) -> int:
         """Queue a prompt (text needs an engine with a tokenizer, or pass token ids); return its request id."""
         ids = self._prompt_ids(prompt)
-        seq = Sequence(self._next_id, ids, sampling or SamplingParams())
+        seq = Sequence(self._next_id, ids, sampling or SamplingParams(), arrived_s=time.perf_counter())
         self.scheduler.add(seq)
         self._sequences[seq.request_id] = seq
         self._next_id += 1
@@ -155,15 +133,22 @@ class LLMEngine:
     def step_events(self) -> list[TokenEvent]:
         """Like `step`, but report every token generated in this step, in batch order."""
         chunks = self.scheduler.schedule()
+        events = [self._failed(seq) for seq in self.scheduler.failed]
         if not chunks:
-            return []
+            return events
         completing = [chunk.seq for chunk in chunks if chunk.completes]
+        started = time.perf_counter()
+        for chunk in chunks:
+            if chunk.seq.started_s is None:
+                chunk.seq.started_s = started
         logits = self.runner.run(chunks)
         tokens = self.sampler.choose(logits, [(seq.request_id, seq.sampling) for seq in completing])
         self.forward_tokens += sum(chunk.num_tokens for chunk in chunks)
         for chunk in chunks:
+            prompt_done = chunk.seq.kv is not None and chunk.completes and not chunk.seq.output_ids
             chunk.seq.num_computed += chunk.num_tokens
-        events = []
+            if prompt_done:
+                chunk.seq.kv.prompt_done()  # tiers the prompt before its first decode step
         for seq, token in zip(completing, tokens):
             seq.output_ids.append(token)
             reason = self._finish_reason(seq)
@@ -172,7 +157,8 @@ class LLMEngine:
                 seq.finish_reason = reason
                 self.scheduler.finish(seq)
                 output = self._end(seq.request_id)
-            events.append(TokenEvent(seq.request_id, token, output))
+            queue_s = seq.started_s - seq.arrived_s if len(seq.output_ids) == 1 else None
+            events.append(TokenEvent(seq.request_id, token, output, queue_s))
         return events
 
     def abort(self, request_id: int) -> RequestOutput | None:
@@ -238,6 +224,11 @@ class LLMEngine:
             raise ConfigError("empty prompt: give at least one token")
         return ids
 
+    def _failed(self, seq: Sequence) -> TokenEvent:
+        """A request that could not start (its KV could not be opened): it ends now, its error in `warnings`."""
+        seq.finish_reason = "error"
+        return TokenEvent(seq.request_id, None, self._end(seq.request_id))
+
     def _end(self, request_id: int) -> RequestOutput:
         self.sampler.forget(request_id)
         return self._output(self._sequences.pop(request_id))
@@ -251,8 +242,9 @@ class LLMEngine:
 
     def _output(self, seq: Sequence) -> RequestOutput:
         text = self._decode(seq.output_ids) if self._decode is not None else None
+        queue_s = None if seq.started_s is None else seq.started_s - seq.arrived_s
         return RequestOutput(seq.request_id, len(seq.prompt_ids), list(seq.output_ids), seq.finish_reason or "",
-                             text, seq.swap_outs, seq.recomputes, list(seq.warnings))
+                             text, seq.swap_outs, seq.recomputes, list(seq.warnings), seq.tiered, queue_s)
 
     def _device_blocks(self, geometry: KVGeometry) -> int:
         if self.config.device_blocks is not None:
@@ -263,6 +255,18 @@ class LLMEngine:
             raise ConfigError(f"device KV budget {self.config.device_kv_budget} holds no {per_block}-byte block; "
                               "raise it")
         return blocks
+
+    def _tiers(self, provider: TierProvider, geometry: KVGeometry) -> Tiers:
+        """Each tiered sequence's budgets: its device window as whole pool blocks, and its share of the host."""
+        window_bytes = provider.window_tokens() * geometry.token_bytes
+        blocks = -(-window_bytes // _block_bytes(geometry, self.config.block_tokens))
+        if blocks > self.pool.num_blocks:
+            raise ConfigError(f"device KV budget {self.config.device_kv_budget} cannot hold a tiered sequence's "
+                              f"device window ({blocks} blocks); raise it")
+        host_share = parse_size(self.config.host_kv_budget) // self.config.max_tiered_seqs
+        provider.check(host_share)
+        budgets = TierBudgets(blocks, blocks * _block_bytes(geometry, self.config.block_tokens), host_share)
+        return Tiers(provider, budgets, self.config.max_tiered_seqs)
 
     def _make_swap(self) -> SwapBackend | None:
         config = self.config

@@ -1,29 +1,28 @@
-"""The served model behind the endpoints: tokenizing, the context checks, and which path runs a request.
+"""The served model behind the endpoints: tokenizing, the context checks, and the engine that runs every request.
 
-A request goes to the continuous-batching engine when its prompt plus `max_tokens` fits the
-device pool (the engine's own admission rule), otherwise to the sparse path; a request beyond the
-model's context is refused.
+Every request is a sequence of the one continuous-batching engine. One whose prompt plus
+`max_tokens` fits the device pool is paged; a longer one is tiered (HillInfer's tiers under the
+engine, kvtier.engine.tiered) when the server has tiers, else refused; a request beyond the model's
+context is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.modes import KVConfig
 from kvtier.engine.block_manager import blocks_for
-from kvtier.engine.serving_engine import EngineConfig, LLMEngine
 from kvtier.engine.sequence import SamplingParams
+from kvtier.engine.serving_engine import EngineConfig, LLMEngine
 from kvtier.http.engine_loop import EngineLoop
 from kvtier.http.error_responses import APIError
 from kvtier.http.metrics import ServerMetrics
-from kvtier.http.sparse_path import SparseCounters, SparsePath
 from kvtier.http.token_stream import TokenStream
-from kvtier.docstore.document_store import DocumentStore
+from kvtier.tiered_kv import SparseTiers
+from kvtier.units import counted
 
-PAGED, SPARSE = "paged", "sparse"
+PAGED, TIERED = "paged", "tiered"
 
 
 @dataclass(frozen=True)
@@ -34,16 +33,14 @@ class ServerSettings:
 
 
 class Backend:
-    """Owns the engine loop and the sparse path; `close()` stops both and closes the engine (and its flash file)."""
+    """Owns the engine loop; `close()` stops it and closes the engine (its flash file, its tiered sequences)."""
 
-    def __init__(self, llm: Any, engine: LLMEngine, sparse: SparsePath | None, settings: ServerSettings) -> None:
+    def __init__(self, llm: Any, engine: LLMEngine, settings: ServerSettings) -> None:
         self.llm = llm
         self.settings = settings
         self.engine = engine
-        self.engine_loop = EngineLoop(engine)
-        self.sparse = sparse
-        self.metrics = ServerMetrics(lambda: self.engine_loop.snapshot,
-                                     lambda: sparse.counters if sparse else SparseCounters())
+        self.metrics = ServerMetrics(lambda: self.engine_loop.snapshot)
+        self.engine_loop = EngineLoop(engine, self.metrics.queue_time.observe)
 
     # ----- prompts -----
 
@@ -65,73 +62,52 @@ class Backend:
     def decode(self, ids: list[int]) -> str:
         return self.llm.tokenizer.decode(ids, skip_special_tokens=True)
 
-    # ----- paths -----
+    # ----- requests -----
 
     def route(self, prompt_tokens: int, max_tokens: int) -> str:
-        """PAGED or SPARSE for a request of this size; APIError when no path can serve it."""
+        """PAGED or TIERED (how the engine will hold the request's KV); APIError when it cannot be served."""
         context = self.llm.context_length
         if prompt_tokens >= context:
             raise APIError(400, f"the prompt has {prompt_tokens} tokens; the model's context is {context}",
                            "prompt", "context_length_exceeded")
         if prompt_tokens + max_tokens > context:
-            raise APIError(400, f"max_tokens {max_tokens} + the prompt's {prompt_tokens} tokens exceed the model's "
-                                f"{context}-token context; lower max_tokens to at most {context - prompt_tokens}",
+            raise APIError(400, f"max_tokens {max_tokens} + the prompt's {counted(prompt_tokens, 'token')} exceed "
+                                f"the model's {context}-token context; lower max_tokens to at most "
+                                f"{context - prompt_tokens}",
                            "max_tokens", "context_length_exceeded")
         pool = self.engine.block_manager
         if blocks_for(prompt_tokens + max_tokens, pool.block_tokens) <= pool.num_blocks:
             return PAGED
-        if self.sparse is None:
+        if self.engine.tiers is None:
             raise APIError(400, f"prompt + max_tokens = {prompt_tokens + max_tokens} tokens exceed the device pool "
-                                f"({pool.num_blocks * pool.block_tokens} tokens) and the sparse path is off",
+                                f"({pool.num_blocks * pool.block_tokens} tokens) and long prompts are off",
                            "prompt", "context_length_exceeded")
-        return SPARSE
+        return TIERED
 
     def start(self, path: str, ids: list[int], sampling: SamplingParams) -> TokenStream:
         stream = TokenStream(asyncio.get_running_loop())
-        if path == PAGED:
-            self.engine_loop.submit(ids, sampling, stream)
-        else:
-            self.sparse.submit(ids, sampling, stream)
+        self.engine_loop.submit(ids, sampling, stream)
         self.metrics.requests.labels(path).inc()
         self.metrics.prompt_tokens.inc(len(ids))
         return stream
 
-    def cancel(self, path: str, stream: TokenStream) -> None:
+    def cancel(self, stream: TokenStream) -> None:
         """Stop generating for `stream` and free what its request holds."""
         stream.cancel()
-        if path == PAGED:
-            self.engine_loop.abort(stream)
-        else:
-            self.sparse.abort(stream)
+        self.engine_loop.abort(stream)
 
     def fail_unfinished(self) -> None:
         """The shutdown's grace period is over: fail every unfinished request now (each client gets a 503 error
         body, "the server is shutting down"); returns at once, for the event loop's thread."""
         self.engine_loop.stop(wait=False)
-        if self.sparse is not None:
-            self.sparse.fail_all()
 
     def close(self) -> None:
         self.engine_loop.stop()
-        if self.sparse is not None:
-            self.sparse.stop()
         self.engine.close()
 
 
-@dataclass(frozen=True)
-class SparseSetup:
-    """The sparse path's KV tiers, a loader of its own model instance, and the document KV store (None: none)."""
-
-    kv_config: KVConfig
-    load_model: Callable[[], Any]
-    store: DocumentStore | None = None
-
-
 def build_backend(llm: Any, engine_config: EngineConfig, settings: ServerSettings,
-                  sparse: SparseSetup | None = None) -> Backend:
-    """A backend for `llm`: an engine with `engine_config`, and the sparse path unless `sparse` is None."""
-    engine = LLMEngine.from_llm(llm, engine_config)
-    path = None
-    if sparse is not None:
-        path = SparsePath(sparse.load_model, sparse.kv_config, engine.eos_token_ids, sparse.store)
-    return Backend(llm, engine, path, settings)
+                  tiers: SparseTiers | None = None) -> Backend:
+    """A backend for `llm`: an engine with `engine_config`, serving long prompts as tiered sequences unless `tiers` is
+    None (build `tiers` first: the engine replaces the model's attention)."""
+    return Backend(llm, LLMEngine.from_llm(llm, engine_config, tiers), settings)

@@ -112,14 +112,14 @@ class Generation:
                 if piece:
                     yield piece
                 if self.text.stopped:
-                    self.backend.cancel(self.path, self.stream)
+                    self.backend.cancel(self.stream)
                     self.finish_reason = "stop"
             tail = self.text.finish()
             if tail:
                 yield tail
         finally:
             if self.finish_reason is None:  # the consumer went away (client disconnect): free the KV now
-                self.backend.cancel(self.path, self.stream)
+                self.backend.cancel(self.stream)
             else:
                 self.backend.metrics.e2e.observe(time.perf_counter() - self._arrived)
             self.backend.metrics.finished.labels(self.finish_reason or "abort").inc()

@@ -6,7 +6,8 @@ steps. Each generated token goes to its request's `TokenStream`. When nothing is
 running the thread sleeps on the command queue instead of spinning.
 
 After every step, before handing out its tokens, the thread publishes an
-`EngineSnapshot` (queue lengths, free blocks, swap traffic), which /metrics reads
+`EngineSnapshot` (queue lengths, free blocks, swap traffic, the tiered sequences'
+KV per tier), which /metrics reads
 without reaching into the engine: a client that got its last token and then
 scrapes sees the state after that step.
 """
@@ -17,12 +18,14 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtier.errors import KvtierError
 from kvtier.engine.serving_engine import LLMEngine
 from kvtier.engine.sequence import SamplingParams
 from kvtier.http.token_stream import SHUTTING_DOWN, Finished, TokenStream, deliver
+from kvtier.kv.contract import TIERS
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +50,26 @@ class EngineSnapshot:
     swap_in_bytes: int
     preemptions: int
     recomputes: int
+    tiered_running: int
+    tiered_waiting: int
+    tiered_kv_bytes: dict[str, int]  # summed over the running tiered sequences, per tier
+    tiered_reserved_bytes: int  # the pool blocks reserved for their device windows
+    tiered_counters: dict[str, int]  # the tier provider's totals so far (reads, scorer restarts, reuse)
 
 
 def take_snapshot(engine: LLMEngine) -> EngineSnapshot:
     scheduler, swap = engine.scheduler, engine.swap
     file = getattr(swap, "file", None)
+    tiered = scheduler.tiered_running()
+    kv_bytes = dict.fromkeys(TIERS, 0)
+    for seq in tiered:
+        for tier, count in seq.kv.tier_bytes().items():
+            kv_bytes[tier] += count
     return EngineSnapshot(
-        running=len(scheduler.running), waiting=len(scheduler.waiting),
+        running=len(scheduler.running) - len(tiered), waiting=sum(not seq.tiered for seq in scheduler.waiting),
+        tiered_running=len(tiered), tiered_waiting=sum(seq.tiered for seq in scheduler.waiting),
+        tiered_kv_bytes=kv_bytes, tiered_reserved_bytes=engine.tiers.budgets.device_bytes * len(tiered) if tiered else 0,
+        tiered_counters=engine.tiers.provider.counters() if engine.tiers else {},
         swapped=len(scheduler.swapped) + len(scheduler.swapping_out),
         device_blocks=engine.block_manager.num_blocks, device_blocks_free=engine.block_manager.num_free,
         block_bytes=engine.pool.nbytes // engine.pool.num_blocks,
@@ -68,8 +84,10 @@ def take_snapshot(engine: LLMEngine) -> EngineSnapshot:
 class EngineLoop:
     """Runs `engine` on a daemon thread until `stop()`; the caller closes the engine afterwards."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, on_queue_time: Callable[[float], None] = lambda seconds: None) -> None:
+        """`on_queue_time(seconds)`: each request's wait from arrival to its first forward, told with its first token."""
         self.engine = engine
+        self._on_queue_time = on_queue_time
         self.snapshot = take_snapshot(engine)
         self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._streams: dict[int, TokenStream] = {}
@@ -158,8 +176,13 @@ class EngineLoop:
         items: list[tuple[TokenStream, int | Finished]] = []
         for event in events:
             stream = self._streams[event.request_id]
-            items.append((stream, event.token_id))
+            if event.token_id is not None:
+                items.append((stream, event.token_id))
+            if event.queue_s is not None:
+                self._on_queue_time(event.queue_s)
             if event.output is not None:
                 del self._streams[event.request_id]
-                items.append((stream, Finished(event.output.finish_reason)))
+                output = event.output
+                error = "; ".join(output.warnings) if output.finish_reason == "error" else None
+                items.append((stream, Finished(output.finish_reason, error)))
         deliver(items)

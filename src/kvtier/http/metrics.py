@@ -1,9 +1,10 @@
 """Prometheus metrics of one server, named with a `kvtier:` prefix as vLLM prefixes its own with `vllm:`.
 
-Request-side metrics (tokens, latencies, finished requests) are recorded by the handlers as tokens
-reach them; engine-side ones (queues, blocks, swap traffic, flash file, sparse path) are read at
-scrape time from the engine loop's latest snapshot and the sparse path's counters. Each server
-has its own registry, so several servers in one process (tests, the benchmark) never mix.
+Request-side metrics (tokens, latencies, queue times, finished requests) are recorded by the handlers
+as tokens reach them; engine-side ones (queues, blocks, swap traffic, flash file, tiered sequences'
+KV per tier) are read at scrape time from the engine loop's latest snapshot. Each server has its own
+registry, so several servers in one process (tests, the benchmark) never mix. Requests are labelled by
+`path`: "paged" (KV in the engine's block pool) or "tiered" (HillInfer's tiers, kvtier.engine.tiered).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvtier.http.engine_loop import EngineSnapshot
-from kvtier.http.sparse_path import SparseCounters
 
 # Latencies of a CPU-served small model run from milliseconds to minutes under load.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -24,7 +24,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 class ServerMetrics:
     """The registry behind /metrics and the request-side instruments."""
 
-    def __init__(self, engine: Callable[[], EngineSnapshot], sparse: Callable[[], SparseCounters]) -> None:
+    def __init__(self, engine: Callable[[], EngineSnapshot]) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
         self.prompt_tokens = Counter("kvtier:prompt_tokens", "Prompt tokens of admitted requests", registry=registry)
@@ -39,27 +39,31 @@ class ServerMetrics:
                              buckets=LATENCY_BUCKETS, registry=registry)
         self.e2e = Histogram("kvtier:e2e_request_latency_seconds", "Request arrival to its last token",
                              buckets=LATENCY_BUCKETS, registry=registry)
-        registry.register(_EngineCollector(engine, sparse))
+        self.queue_time = Histogram("kvtier:request_queue_time_seconds",
+                                    "Request arrival at the engine to the first forward that ran it",
+                                    buckets=LATENCY_BUCKETS, registry=registry)
+        registry.register(_EngineCollector(engine))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine: Callable[[], EngineSnapshot], sparse: Callable[[], SparseCounters]) -> None:
-        self._engine, self._sparse = engine, sparse
+    def __init__(self, engine: Callable[[], EngineSnapshot]) -> None:
+        self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        engine, sparse = self._engine(), self._sparse()
+        engine = self._engine()
+        tiered = engine.tiered_counters
         yield _gauge("kvtier:num_requests_running", "Requests generating now", "path",
-                     {"paged": engine.running, "sparse": sparse.running})
+                     {"paged": engine.running, "tiered": engine.tiered_running})
         yield _gauge("kvtier:num_requests_waiting", "Requests queued for admission", "path",
-                     {"paged": engine.waiting, "sparse": sparse.waiting})
+                     {"paged": engine.waiting, "tiered": engine.tiered_waiting})
         yield _gauge("kvtier:num_requests_swapped", "Preempted requests whose KV sits in swap space", None,
                      engine.swapped)
         yield _gauge("kvtier:device_blocks_total", "KV blocks of the engine's device pool", None, engine.device_blocks)
         yield _gauge("kvtier:device_blocks_free", "Free KV blocks of the device pool", None, engine.device_blocks_free)
-        yield _kv_bytes(engine, sparse)
+        yield _kv_bytes(engine)
         yield _gauge("kvtier:swap_slots_total", "Block slots of the swap space (flash file or DRAM pool)", None,
                      engine.swap_slots)
         yield _gauge("kvtier:swap_slots_used", "Swap slots holding a swapped-out block", None, engine.swap_slots_live)
@@ -72,25 +76,27 @@ class _EngineCollector(Collector):
                 ("kvtier:swap_in_bytes", "Bytes read back from swap space", engine.swap_in_bytes),
                 ("kvtier:preemptions", "Sequences preempted for blocks", engine.preemptions),
                 ("kvtier:recomputes", "Sequences whose KV was dropped and recomputed", engine.recomputes),
-                ("kvtier:sparse_requests", "Requests finished on the sparse path", sparse.requests),
-                ("kvtier:sparse_cold_read_bytes", "Bytes the sparse path read from its cold pool on disk",
-                 sparse.cold_read_bytes),
-                ("kvtier:sparse_scorer_restarts", "Restarts of the sparse path's storage scorer process",
-                 sparse.scorer_restarts),
-                ("kvtier:sparse_reused_prompt_tokens", "Sparse-path prompt tokens loaded from the document KV store",
-                 sparse.reused_prompt_tokens),
-                ("kvtier:sparse_kv_store_read_bytes", "Bytes the sparse path read from the document KV store",
-                 sparse.kv_store_bytes_read)):
+                ("kvtier:tiered_requests", "Tiered requests that started (their KV opened)", tiered.get("requests", 0)),
+                ("kvtier:tiered_cold_read_bytes", "Bytes tiered sequences read from their cold pools on disk",
+                 tiered.get("cold_read_bytes", 0)),
+                ("kvtier:tiered_scorer_restarts", "Restarts of the tiered sequences' storage scorer processes",
+                 tiered.get("scorer_restarts", 0)),
+                ("kvtier:tiered_reused_prompt_tokens", "Tiered prompt tokens loaded from the document KV store",
+                 tiered.get("reused_prompt_tokens", 0)),
+                ("kvtier:tiered_kv_store_read_bytes", "Bytes tiered sequences read from the document KV store",
+                 tiered.get("kv_store_read_bytes", 0))):
             yield CounterMetricFamily(name, doc, value=value)
 
 
-def _kv_bytes(engine: EngineSnapshot, sparse: SparseCounters) -> GaugeMetricFamily:
-    """KV bytes per path and tier: the engine's device pool and swap space, the sparse request's three tiers."""
-    paged = {"device": (engine.device_blocks - engine.device_blocks_free) * engine.block_bytes}
+def _kv_bytes(engine: EngineSnapshot) -> GaugeMetricFamily:
+    """KV bytes per path and tier: the paged pool's used blocks and swap space; the tiered sequences' three tiers
+    (their device windows counted where they lie, not as the pool blocks reserved for them)."""
+    paged = {"device": (engine.device_blocks - engine.device_blocks_free) * engine.block_bytes
+             - engine.tiered_reserved_bytes}
     if engine.swap_slots:  # flash or dram; recompute keeps no swapped KV
         paged[engine.swap_backend] = engine.swap_slots_live * engine.block_bytes
     family = GaugeMetricFamily("kvtier:kv_bytes", "KV bytes held now, per path and tier", labels=["path", "tier"])
-    for path, tiers in (("paged", paged), ("sparse", sparse.kv_bytes)):
+    for path, tiers in (("paged", paged), ("tiered", engine.tiered_kv_bytes)):
         for tier, value in tiers.items():
             family.add_metric([path, tier], value)
     return family

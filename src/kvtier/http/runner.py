@@ -1,5 +1,9 @@
 """Running the app under uvicorn: in the foreground for `kvtier serve`, or on a thread (tests, benchmark).
 
+`kvtier serve` binds its socket (`bind`) before it loads the model, so an address in use is a
+one-line error at once rather than after seconds of loading, and a port chosen by the system
+(port 0) is known for the banner; `serve_forever` then serves on that socket.
+
 Shutdown (SIGTERM or Ctrl-C in the foreground, `stop()` on a thread) is uvicorn's graceful one:
 stop accepting connections and give in-flight requests `graceful_s` to finish. Then `grace_over`
 (the backend's `fail_unfinished`) fails what is still running, so each of those clients gets an
@@ -18,6 +22,8 @@ from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI
+
+from kvtier.errors import ConfigError
 
 GRACEFUL_S = 30.0
 FAIL_S = 10.0  # after the grace period: time for the failed requests to send their error
@@ -43,10 +49,32 @@ class _Server(uvicorn.Server):
                 timer.cancel()
 
 
-def serve_forever(app: FastAPI, host: str, port: int, graceful_s: float = GRACEFUL_S, log_level: str = "info",
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (0: a free port, `getsockname()` says which), for `serve_forever`.
+
+    Raises ConfigError, one line, when the host does not resolve or the address cannot be bound (in use, not ours).
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as error:
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own: a restart need not wait TIME_WAIT
+    try:
+        sock.bind(address)
+    except OSError as error:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}; stop what serves there or choose "
+                          "another port") from None
+    return sock
+
+
+def serve_forever(app: FastAPI, sock: socket.socket, graceful_s: float = GRACEFUL_S, log_level: str = "info",
                   grace_over: Callable[[], None] | None = None) -> None:
-    """Serve until SIGTERM / SIGINT (uvicorn installs the handlers on the main thread)."""
-    _Server(app, host, port, graceful_s, log_level, grace_over).run()
+    """Serve on `sock` (from `bind`) until SIGTERM / SIGINT (uvicorn installs the handlers on the main thread)."""
+    host, port = sock.getsockname()[:2]
+    _Server(app, host, port, graceful_s, log_level, grace_over).run(sockets=[sock])
 
 
 class ServerThread:

@@ -28,11 +28,11 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvtier.errors import StorageError
 from kvtier.kv.budget import TierCapacity
-from kvtier.kv.contract import KVCache
+from kvtier.kv.contract import DiskFile, KVCache, StoredInPlace
 from kvtier.storage import K, V, IOEngine, IOStats, KVBlockFile, aligned_buffer
 
 
-class StoredPrefix(Protocol):
+class StoredPrefix(StoredInPlace, Protocol):
     """The first `tokens` tokens' K/V of every layer, kept on disk elsewhere (kvtier.docstore.entry.StoredKV)."""
 
     tokens: int
@@ -264,6 +264,13 @@ class OffloadCache(Cache, KVCache):
     def io_stats(self) -> IOStats:
         """Bytes read from and written to the KV file so far."""
         return self.store.file.io.stats.snapshot()
+
+    def storage_files(self) -> list[DiskFile]:
+        return [self.store.file]
+
+    def stored_in_place(self) -> StoredInPlace | None:
+        """The stored prefix whose K/V the layers read from its entry (batch 1 only)."""
+        return self.store.base
 
     def close(self) -> None:
         """Finish pending I/O and delete the KV file."""

@@ -5,24 +5,34 @@ first decode step it is *distributed*: the sink (first tokens) and the recent
 window stay on the compute device and every other token goes to a pool that
 the subclass owns (its tiers, its bookkeeping). Each decode step appends the new
 token to the window and attends the window plus what the subclass selects from
-its pool; tokens that fall out of the recent window join the pool,
-`retire_batch` at a time.
+its pool; after attention the subclass calls `retire()`, which drops the tokens
+that fell out of the recent window from it, `retire_batch` at a time, and
+returns them for the subclass to pool.
 
 A subclass says how many recent tokens stay at distribution (`kept_recent`)
 and fills in the pool: `make_pool`, `place` (the prompt's middle at
-distribution), `admit` (tokens leaving the window), `pool_tokens`, and its
-decode `attend`.
+distribution), `pool_tokens`, and its decode `attend` (which pools what
+`retire()` returns).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from kvtier.errors import ConfigError
+
+
+class Retired(NamedTuple):
+    """Tokens leaving the recent window: K/V [B, H, n, D] on the device, their positions [n] (int64)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: np.ndarray
 
 
 class WindowedLayer(CacheLayerMixin):
@@ -51,10 +61,6 @@ class WindowedLayer(CacheLayerMixin):
     @abstractmethod
     def place(self, pool: slice) -> None:
         """Move the prompt's tokens at window columns `pool` (positions alike) into the pool (distribution)."""
-
-    @abstractmethod
-    def admit(self, keys: torch.Tensor, values: torch.Tensor, positions: np.ndarray) -> None:
-        """Tokens leaving the recent window (K/V [B, H, n, D] on the device, positions [n]) join the pool."""
 
     @abstractmethod
     def pool_tokens(self) -> tuple[int, int]:
@@ -118,14 +124,16 @@ class WindowedLayer(CacheLayerMixin):
         self._keep(torch.cat([torch.arange(sink), torch.arange(recent_start, tokens)]))
         self.distributed = True
 
-    def retire(self) -> None:
-        """Tokens past the recent window (beyond `kept_recent`) join the pool, at least `retire_batch` at once."""
+    def retire(self) -> Retired | None:
+        """Drop the tokens past the recent window (beyond `kept_recent`) from it, at least `retire_batch` at once, and
+        return them for the subclass's pool; None while fewer are past it."""
         excess = self.keys.shape[2] - self.sink_tokens - self.kept_recent
         if excess < self.retire_batch:
-            return
+            return None
         moving = slice(self.sink_tokens, self.sink_tokens + excess)
-        self.admit(self.keys[:, :, moving], self.values[:, :, moving], self.window_positions[moving])
+        retired = Retired(self.keys[:, :, moving], self.values[:, :, moving], self.window_positions[moving])
         self._keep(torch.cat([torch.arange(self.sink_tokens), torch.arange(moving.stop, self.keys.shape[2])]))
+        return retired
 
     def _keep(self, columns: torch.Tensor) -> None:
         """Only these device columns stay in the window."""

@@ -3,6 +3,7 @@
 import torch
 
 from kvtier.errors import ContextTooLongError
+from kvtier.units import counted
 
 
 def prompt_ids(llm, prompt: str) -> torch.Tensor:
@@ -20,6 +21,6 @@ def check_context(llm, prompt_tokens: int, max_new_tokens: int) -> None:
     total = prompt_tokens + max_new_tokens
     if total > llm.context_length:
         raise ContextTooLongError(
-            f"prompt of {prompt_tokens} tokens + {max_new_tokens} new tokens exceeds the {llm.context_length}-token "
-            f"context of {llm.name}; shorten the input or lower --max-new-tokens"
+            f"prompt of {counted(prompt_tokens, 'token')} + {counted(max_new_tokens, 'new token')} exceeds the "
+            f"{llm.context_length}-token context of {llm.name}; shorten the input or lower --max-new-tokens"
         )

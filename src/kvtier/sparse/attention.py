@@ -68,10 +68,21 @@ def install(model) -> None:
     current = model.config._attn_implementation or "sdpa"
     if current.startswith(PREFIX):
         return
-    if current not in ALL_ATTENTION_FUNCTIONS or current not in ALL_MASK_ATTENTION_FUNCTIONS:
-        raise ConfigError(f"the sparse KV mode cannot wrap attention implementation {current!r}; "
+    model.set_attn_implementation(_register(current))
+
+
+def function(inner_name: str) -> Callable:
+    """The sparse hand-off around attention implementation `inner_name`, for a caller that routes attention itself
+    (the serving engine calls it per tiered sequence): called after the cache's `update`, with what it returned."""
+    return ALL_ATTENTION_FUNCTIONS[_register(inner_name)]
+
+
+def _register(inner_name: str) -> str:
+    """Register `kvtier_sparse_<inner_name>` with its mask function (idempotent); its name."""
+    if inner_name not in ALL_ATTENTION_FUNCTIONS or inner_name not in ALL_MASK_ATTENTION_FUNCTIONS:
+        raise ConfigError(f"the sparse KV mode cannot wrap attention implementation {inner_name!r}; "
                           "load the model with attn_implementation='sdpa' or 'eager'")
-    name = PREFIX + current
-    AttentionInterface.register(name, _sparse_attention(current))
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
-    model.set_attn_implementation(name)
+    name = PREFIX + inner_name
+    AttentionInterface.register(name, _sparse_attention(inner_name))
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[inner_name])
+    return name

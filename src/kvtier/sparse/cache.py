@@ -23,9 +23,11 @@ from kvtier.errors import ConfigError
 from kvtier.kv.contract import SelectiveKVCache
 from kvtier.kv.model_geometry import model_geometry, text_config
 from kvtier.sparse import attention
-from kvtier.sparse.cold.cold_image import ColdImage, save_image
+from kvtier.sparse.cold.cold_image import IMAGE_DIR, ColdImage, save_image
 from kvtier.sparse.layer import SparseLayer
 from kvtier.sparse.lookahead import Lookahead, QueryForecast
+from kvtier.sparse.planner import Plan
+from kvtier.sparse.record_file import RecordFile
 from kvtier.sparse.runtime import SparseRuntime
 from kvtier.sparse.settings import SparseSettings
 from kvtier.sparse.stats import SparseStats
@@ -68,16 +70,61 @@ class SparseCache(Cache, SelectiveKVCache):
             if isinstance(layer, SparseLayer) and layer.tokens and not layer.distributed:
                 layer.distribute()
 
-    def save_image(self, directory: Path, tokens: int) -> None:
-        """After `place_prompt`: write the placed tiers of positions < `tokens` into `directory` (a stored
-        document's sparse image, cold_image.py)."""
+    def save_placed(self, entry_dir: Path, tokens: int) -> None:
+        """After `place_prompt`: write the placed tiers of positions < `tokens` into the document store entry being
+        written in `entry_dir` (its sparse image, cold_image.py)."""
         layers = sorted((layer for layer in self.layers if isinstance(layer, SparseLayer)), key=lambda layer: layer.tier)
-        save_image(directory, self.runtime, layers, tokens)
+        save_image(entry_dir / IMAGE_DIR, self.runtime, layers, tokens)
 
-    @property
-    def image(self) -> ColdImage | None:
+    def locate(self, row: int) -> None:
+        """In a packed forward of several sequences (the serving engine's), this batch-1 cache's token is at `row`:
+        the lookahead predicts queries from that token's hidden state."""
+        if self.runtime.lookahead is not None:
+            self.runtime.lookahead.forecast.row = row
+
+    def stored_in_place(self) -> ColdImage | None:
         """The stored sparse image this cache uses in place, if any."""
         return self.runtime.image
+
+    def storage_files(self) -> list[RecordFile]:
+        """The cold pool's K|V records and key sketches."""
+        return [self.runtime.cold.kv, self.runtime.cold.sketches]
+
+    def scorer_restarts(self) -> int:
+        return self.runtime.scorer.restarts
+
+    def sparse_view(self) -> SparseCache:
+        return self
+
+    @property
+    def plan(self) -> Plan | None:
+        """APP's split of the pool (None until the first tiered layer is placed)."""
+        return self.runtime.plan
+
+    @property
+    def hot_tokens(self) -> int:
+        """Planned hot-pool size per layer and sequence (0 before the first tiered layer is placed)."""
+        return self.runtime.hot_tokens
+
+    @property
+    def io_backend(self) -> str:
+        """How the cold reads reach the disk: kernel AIO or the thread pool."""
+        return self.runtime.io.backend
+
+    @property
+    def scorer_host_fallbacks(self) -> int:
+        """Scorer requests (partly) scored on the host after a fault."""
+        return self.runtime.scorer.host_scored_requests
+
+    def step_summary(self) -> dict[str, float]:
+        """Mean per decode step of every recorded field over the steps after the first (its placement's warm-up)."""
+        return self.runtime.stats.summary(skip=1)
+
+    def scorer_round_trip_s(self, repeats: int) -> float:
+        """Median seconds of an empty scorer request over `repeats`, the protocol's fixed cost per layer."""
+        if self.runtime.lookahead is not None:
+            self.runtime.lookahead.drain()  # the last step's requests for the next one: the round trip waits alone
+        return self.runtime.scorer.round_trip_s(repeats=repeats)
 
     def watch_attended(self, callback: Callable[[int, np.ndarray], None] | None) -> None:
         """Call `callback(layer_idx, positions [B, n])` with the positions each decode step attends (evaluation)."""
@@ -104,7 +151,8 @@ class SparseCache(Cache, SelectiveKVCache):
 
 def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_size: int, storage_dir: str,
                       device_budget: int, host_budget: int, tiered_layers: list[int],
-                      io_threads: int = 8, image_dir: Path | None = None, image_tokens: int = 0) -> SparseCache:
+                      io_threads: int = 8, image_dir: Path | None = None, image_tokens: int = 0,
+                      route_attention: bool = True) -> SparseCache:
     """A SparseCache for up to `max_tokens` tokens per sequence of `model`; `image_dir`: a stored sparse image of
     the first `image_tokens` prompt tokens, used in place if it fits these settings (SparseRuntime)."""
     settings = settings.validated()
@@ -119,7 +167,8 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
                           "raise --device-kv-budget "
                           "or lower --sink/--recent")
     max_hot = max(0, host_budget // per_token - settings.demote_batch)
-    attention.install(model)
+    if route_attention:  # else the caller routes the model's attention (the serving engine: attention.function)
+        attention.install(model)
     runtime = SparseRuntime(settings, max_tokens, batch_size, heads, config.num_attention_heads, head_dim,
                             model.dtype, len(tiered_layers), storage_dir, max_hot, io_threads, image_dir, image_tokens)
     if settings.lookahead:
@@ -136,11 +185,6 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
             layers.append(SparseLayer(index, tiered_layers.index(index), runtime))
         else:
             layers.append(DynamicSlidingWindowLayer(sliding_window=config.sliding_window))
-    tiers = [layer for layer in layers if isinstance(layer, SparseLayer)]
-    for layer, after in zip(tiers, tiers[1:]):
-        layer.next_tiered = after
     if runtime.lookahead is not None:
-        tiers[-1].next_step = tiers[: runtime.lookahead.skip]
-        runtime.lookahead.forecast.prepare([layer.layer_idx for before, layer in zip(tiers, tiers[1:])
-                                            if runtime.lookahead.wants(layer.tier, before.layer_idx, layer.layer_idx)])
+        runtime.lookahead.chain([layer for layer in layers if isinstance(layer, SparseLayer)])
     return SparseCache(layers, runtime, tiered_layers)

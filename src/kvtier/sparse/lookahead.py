@@ -13,7 +13,7 @@ host's critical path, nor on its core.
 
 A layer whose candidates came late (its step waited for them) is asked for
 one layer earlier from then on, up to three layers ahead, its query then
-predicted from that earlier layer's input (SparseLayer's `ahead`): the
+predicted from that earlier layer's input (`Lookahead.ahead`): the
 scorer's and the disk's time per layer is uneven, a few layers read far more
 candidates than the rest, and an earlier request spreads their reads over
 the layers before them.
@@ -23,8 +23,8 @@ tokens it chose in the layer last step (selection.candidate_counts): layer
 l+1 scores them with its true query on their full-precision keys, and its
 top-alpha over hot pool and candidates is exact for every token it considers,
 as an unpredicted layer's over its shortlist (selection.py). A cold token the
-prediction ranks below the candidates is missed; docs/decisions.md has the
-recall.
+prediction ranks below the candidates is missed (`kvtier bench sparse`'s
+recall table measures how often).
 
 Only layers that directly follow a tiered layer are predicted (Gemma 3's full
 layers are five sliding layers apart), not the first `skip` tiered layers,
@@ -44,15 +44,18 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from kvtier.kernels import _summed_query
+from kvtier.kernels import ops
 from kvtier.sparse.cold.cold_pool import Fetched
 from kvtier.sparse.selection import MIN_CANDIDATES, candidate_counts
+from kvtier.sparse.stats import PhaseClock
 
 
 class QueryForecast:
@@ -168,7 +171,7 @@ class FoldedProjection:
         """[B, Hkv, 1, D] float32 from the hidden state [B, hidden] and the step's rotary as float32 [B or 1, 2, 1, 1,
         D] (cos, and sin with its first half negated): q x cos + rotate_half(q) x sin, rotate_half(q) being q with its
         halves swapped and the first negated. On an x86-64 CPU one compiled call (summed_query.c), else torch's ops."""
-        if _summed_query.vectorized and self.weight.device.type == "cpu":
+        if ops.VECTORIZED and self.weight.device.type == "cpu":
             return self._compiled(hidden, rotation)
         normed = torch.nn.functional.rms_norm(hidden.float(), hidden.shape[-1:], eps=self.epsilon)
         query = torch.nn.functional.linear(normed, self.weight, self.bias).view(len(hidden), self.kv_heads, 1, -1)
@@ -179,15 +182,15 @@ class FoldedProjection:
         batch, head_dim = len(hidden), rotation.shape[-1]
         query = np.empty((batch, self.kv_heads, 1, head_dim), dtype=np.float32)
         weight, bias = self._arrays
-        _summed_query.summed_query(hidden.detach().float().contiguous().numpy(), weight, bias,
-                                   rotation.contiguous().numpy(), query, batch, hidden.shape[-1], len(weight),
-                                   head_dim, self.epsilon)
+        ops.summed_query(hidden=hidden.detach().float().contiguous().numpy(), weight=weight, bias=bias,
+                         rotation=rotation.contiguous().numpy().reshape(-1, 2, head_dim),
+                         out=query.reshape(batch, self.kv_heads, head_dim), epsilon=self.epsilon)
         return query
 
     @cached_property
-    def _arrays(self) -> tuple[np.ndarray, np.ndarray | bytes]:
-        """The weight and bias as the compiled call takes them (no bias: empty), made once."""
-        return self.weight.numpy(), b"" if self.bias is None else self.bias.numpy()
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The weight and bias as the compiled call takes them, made once."""
+        return self.weight.numpy(), None if self.bias is None else self.bias.numpy()
 
     def _matches(self, norm) -> bool:
         """Whether `norm` is weight x the RMS-normalized input, what the fold assumes (checked on one probe)."""
@@ -203,9 +206,29 @@ def _rotated_half(query: torch.Tensor) -> torch.Tensor:
     return torch.cat([-second, first], dim=-1)
 
 
+LATE_WAIT_S = 0.002  # a layer that waits longer for its candidates is asked for a layer earlier from then on
+MAX_AHEAD = 3  # the farthest ahead a layer is asked for: the scorer holds this many requests besides the attending one
+
+
+class TieredLayer(Protocol):
+    """What the lookahead reads of a tiered layer (SparseLayer) to ask for its candidates."""
+
+    tier: int  # its index among the tiered layers (its cold-pool region)
+    layer_idx: int  # its index among the model's layers
+    cold_picked: np.ndarray | None  # the cold tokens each sequence chose at its last step [B]; None before the first
+
+    def candidates_needed(self, cold_tokens: int) -> int:
+        """Candidates a sequence needs for the hot pool and them to hold the top-alpha share of the whole pool."""
+
+
 class Lookahead:
-    """The layers ahead: their predicted queries at the scorer, which scores them and reads candidates in order.
-    Layer l + 1's request goes out as layer l starts attending, while the scorer may still read layer l's."""
+    """The schedule of the layers ahead: which tiered layers' candidates the scorer is asked for, when and with which
+    query, and those requests while the scorer scores them and reads their candidates, in order. Layer l + 1's request
+    goes out as layer l starts attending, while the scorer may still read layer l's.
+
+    Per step a layer takes its candidates (`candidates_for`), which sends the next layers' requests first when its own
+    are in flight; a layer that reads its own sends them once its reads are queued (`ask_ahead`); a layer asked for a
+    step ahead keeps the query it scored with (`keep_query`)."""
 
     def __init__(self, forecast: QueryForecast, margin: float, skip: int, min_cold: int, scorer, cold) -> None:
         self.forecast = forecast
@@ -213,23 +236,97 @@ class Lookahead:
         self.scorer, self.cold = scorer, cold
         self._tiers: deque[int] = deque()  # the layers ahead, oldest first, while the scorer works on them
         self._for_next_step: list[int] = []  # those asked for at the end of a step, for the next
+        self._layers: list[TieredLayer] = []  # the tiered layers, tier i at index i (`chain`)
+        self._first: list[TieredLayer] = []  # the first `skip` of them: asked for a step ahead
+        self._step_queries: list[np.ndarray | None] = []  # what each of those scored with at the step now ending
+        self.ahead: list[int] = []  # per tier: how many layers before it its candidates are asked for
+
+    def chain(self, layers: list[TieredLayer]) -> None:
+        """The model's tiered layers in order (tier i at index i). Folds the query projections of the layers it will
+        predict now, not in the decode step that first predicts them (a few hundred microseconds a layer)."""
+        self._layers, self._first = layers, layers[: self.skip]
+        self._step_queries = [None] * len(self._first)
+        self.ahead = [1] * len(layers)
+        self.forecast.prepare([layer.layer_idx for before, layer in zip(layers, layers[1:])
+                               if is_predicted(layer.tier, before.layer_idx, layer.layer_idx, self.skip)])
 
     @property
     def in_flight(self) -> tuple[int, ...]:
         """The tiers whose candidates are being scored or read, oldest first."""
         return tuple(self._tiers)
 
-    def wants(self, next_tier: int, layer_idx: int, next_layer_idx: int) -> bool:
-        """`is_predicted` under this lookahead's skip."""
-        return is_predicted(next_tier, layer_idx, next_layer_idx, self.skip)
+    def candidates_for(self, layer: TieredLayer, clock: PhaseClock) -> Fetched | None:
+        """`layer`'s candidates read ahead (waiting for them if need be), or None where none were asked for: the layer
+        then reads its own. While its own are in flight, the next layers' requests are sent first, queued behind them
+        (phase "look ahead"); then the wait for them ("take"). A predicted layer that waited longer than LATE_WAIT_S is
+        asked for one layer earlier from the next step on, up to MAX_AHEAD."""
+        tier = layer.tier
+        if self._tiers and self._tiers[0] == tier:
+            self.ask_ahead(layer)
+        clock.lap("look ahead")
+        candidates = self.take(tier)
+        clock.lap("take")
+        if candidates is not None and tier >= self.skip and clock.seconds["take"] > LATE_WAIT_S:
+            self.ahead[tier] = min(self.ahead[tier] + 1, MAX_AHEAD)
+        return candidates
 
-    def worth(self, cold_tokens: int) -> bool:
-        """Whether a layer with `cold_tokens` cold tokens per sequence is large enough to predict."""
-        return cold_tokens >= self.min_cold
+    def asks_a_step_ahead(self, tier: int) -> bool:
+        """Whether tier `tier`'s candidates are asked for a step ahead, with the query it scores with at this step."""
+        return tier < self.skip
 
-    def candidate_counts(self, cold_picked: np.ndarray, cold_tokens: int, least: int) -> np.ndarray:
-        """Candidates per sequence: `margin` x its last cold picks, at least MIN_CANDIDATES and `least`."""
-        return candidate_counts(self.margin, cold_picked, cold_tokens, least)
+    def keep_query(self, tier: int, query: np.ndarray) -> None:
+        """What tier `tier` (`asks_a_step_ahead`) scored with at this step, float32 [B, Hkv, Q, D]: its candidates for
+        the next step are asked for with it."""
+        self._step_queries[tier] = query
+
+    def ask_ahead(self, layer: TieredLayer) -> None:
+        """Start scoring and reading the cold candidates of the tiered layers after `layer` with their predicted
+        queries: the next one, and those up to the farthest within MAX_AHEAD that asks to be predicted that far
+        (`ahead`), so that the requests stay in layer order. After the last tiered layer, the first ones' for the next
+        step. A layer is predicted if it follows the one before it directly, its cold pool is large enough and it
+        chose cold tokens before (that count sizes its candidates)."""
+        following = self._layers[layer.tier + 1 : layer.tier + 1 + MAX_AHEAD]
+        if not following:
+            self._ask_for_next_step()
+            return
+        farthest = max([1] + [distance for distance, target in enumerate(following, start=1)
+                              if self.ahead[target.tier] >= distance])
+        before = layer
+        for target in following[:farthest]:
+            if not self._predict(target, before):
+                return
+            before = target
+
+    def _predict(self, target: TieredLayer, before: TieredLayer) -> bool:
+        """Ask for `target`'s candidates (directly after `before`) under the query predicted from the last captured
+        hidden state; whether they are in flight."""
+        if target.tier not in self._tiers and not is_predicted(target.tier, before.layer_idx, target.layer_idx,
+                                                               self.skip):
+            return False
+        return self._ask_for(target, lambda: self.forecast.score_query(target.layer_idx))
+
+    def _ask_for_next_step(self) -> None:
+        """Start scoring and reading the first tiered layers' candidates for the next step with the queries they
+        attended with at this one (those layers are not predicted from a layer before them); in layer order."""
+        for target in self._first:
+            if not self._ask_for(target, lambda tier=target.tier: self._step_queries[tier], next_step=True):
+                return
+
+    def _ask_for(self, target: TieredLayer, query: Callable[[], np.ndarray], next_step: bool = False) -> bool:
+        """Ask the scorer for `target`'s candidates under `query()` unless they are in flight; whether they are. Not
+        for a layer that has chosen no cold tokens yet (its last picks size the candidates: `margin` x them, at least
+        MIN_CANDIDATES and what it needs) or whose cold pool is under `min_cold` tokens: it is not worth it."""
+        if target.tier in self._tiers:
+            return True
+        if target.cold_picked is None:
+            return False
+        self.cold.settle(target.tier)
+        cold_tokens = int(self.cold.used[target.tier])
+        if cold_tokens < self.min_cold:
+            return False
+        counts = candidate_counts(self.margin, target.cold_picked, cold_tokens, target.candidates_needed(cold_tokens))
+        self.start(target.tier, query(), cold_tokens, counts, next_step)
+        return True
 
     def start(self, tier: int, predicted: np.ndarray, cold_tokens: int, counts: np.ndarray,
               next_step: bool = False) -> None:
@@ -271,8 +368,9 @@ class Lookahead:
 
 
 def candidate_capacity(alpha: float, margin: float, max_tokens: int) -> int:
-    """The most candidates `Lookahead.candidate_counts` asks for per sequence in a pool of up to `max_tokens`
-    tokens: a layer picks at most ceil(alpha x pooled) cold tokens, and needs at most that many candidates."""
+    """The most candidates the lookahead asks for per sequence (selection.candidate_counts) in a pool of up to
+    `max_tokens` tokens: a layer picks at most ceil(alpha x pooled) cold tokens, and needs at most that many
+    candidates."""
     return min(max_tokens, max(MIN_CANDIDATES, math.ceil(margin * math.ceil(alpha * max_tokens))))
 
 

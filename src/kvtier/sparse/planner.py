@@ -30,7 +30,8 @@ them per machine, storage device, geometry and torch thread count in
 `~/.cache/kvtier/sparse-calibration.json`; `refresh=True` measures again. The host rates scale with
 the thread count, so they are measured on the threads a sparse layer's step runs on
 (`kvtier.sparse.threads.LAYER_STEP_THREADS`), whatever the model's decode uses.
-The measurements behind the round trip, the skew estimate and the per-thread key: docs/decisions.md.
+Why those three: without the round trip APP chose a beta slower than every fixed one at 2K; a held-out
+skew estimate misplanned 32K badly; one thread's and two threads' host rates differ about twofold.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def calibrate(directory: str, heads: int, head_dim: int, dtype: torch.dtype, bit
             # After each answer the scorer prepares the next layer: the round trip is timed after that, as a
             # decode's host work hides it; the scan is timed on sketches the scorer must read first (the layer
             # marked rewritten), since f_s is the scorer's whole work per token, which bounds it once the
-            # scorer is the slower side (batches: docs/decisions.md).
+            # scorer is the slower side (as it is at batch 8).
             request = lambda count: (scorer.request(0, query.numpy(), count), scorer.scores())  # noqa: E731
             round_trip = _median_time(lambda: request(1), repeats=9, pause_s=PREPARE_PAUSE_S)
             scan = _median_time(lambda: _reread(channel, request, tokens), pause_s=PREPARE_PAUSE_S) - round_trip

@@ -55,7 +55,7 @@ from kvtier.storage.checksum import PageChecksums
 RESPONSE = struct.Struct("<qq")  # request id, status
 OP_SCORE, OP_STOP, OP_CANDIDATES = 1, 2, 3
 STATUS_OK, STATUS_FAILED = 0, 1
-AREAS = 4  # requests unanswered at once: the layer attending and the lookahead's three (layer.py)
+AREAS = 4  # requests unanswered at once: the layer attending and the lookahead's three (lookahead.MAX_AHEAD)
 CONTROL_SCORER_READ_BYTES = 0  # cumulative sketch bytes the scorer (or the host fallback) read from disk
 CONTROL_CANDIDATE_READ_BYTES = 1  # cumulative K|V bytes read for candidates
 RESULT_DTYPE = np.dtype([("position", "<i4"), ("score", "<f4")])

@@ -38,6 +38,7 @@ import numpy as np
 from kvtier.errors import ChecksumError, StorageError
 from kvtier.storage import PAGE, IOEngine, aligned_buffer, direct_read_unit, drop_page_cache, open_direct, round_up
 from kvtier.storage.checksum import PageChecksums
+from kvtier.storage.file_lock import FileLock
 from kvtier.storage.io_engine import consecutive_spans
 from kvtier.storage.pages import page_runs, ranges
 from kvtier.units import format_size
@@ -88,9 +89,12 @@ class RecordFile:
         self._reading = False
         create = create and stored_pages is None
         flags = os.O_RDONLY if stored_pages is not None else os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        # a writer owns the file, locked before the truncating open; readers share it
+        self._lock = FileLock.acquire(path, "cold-pool file") if stored_pages is None else None
         try:
             self._fd, self.direct = open_direct(path, flags)
         except OSError as error:
+            self._release()
             raise StorageError(f"{path}: cannot open the cold-pool file: {error.strerror}") from error
         if create:
             self._reserve()
@@ -104,8 +108,7 @@ class RecordFile:
         try:
             os.posix_fallocate(self._fd, 0, max(self.layout.file_bytes, PAGE))
         except OSError as error:
-            os.close(self._fd)
-            os.unlink(self.path)
+            self.remove()
             raise StorageError(f"{self.path}: cannot reserve {format_size(self.layout.file_bytes)} for the cold pool "
                                f"({error.strerror}); free disk space or lower the context/batch") from error
 
@@ -199,14 +202,23 @@ class RecordFile:
         drop_page_cache(self._fd)
 
     def close(self) -> None:
+        self._close(remove=False)
+
+    def remove(self) -> None:
+        """Close and delete the file; its lock goes last, so no other writer sees it half gone."""
+        self._close(remove=True)
+
+    def _close(self, remove: bool) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def remove(self) -> None:
-        self.close()
-        if os.path.exists(self.path):
+        if remove and os.path.exists(self.path):
             os.unlink(self.path)
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
 
 class PendingRecords:

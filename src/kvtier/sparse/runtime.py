@@ -3,7 +3,8 @@
 The cold pool's files, the shared channel and the storage scorer process
 (through its client, the layers' one seam to the cold tier), the migration
 policy and what its promotions cost, APP's plan and rates, the step statistics, and the query shapes the
-scorer and the hot pool score with.
+scorer and the hot pool score with. A layer keeps its own references to the few its decode step works with
+(settings, cold pool, scorer, lookahead, statistics).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class SparseRuntime:
         self.fmt = SketchFormat.for_keys(settings.score_bits, heads, head_dim)
         self.cold: ColdPool | None = None
         self.scorer: ScorerClient | None = None
-        self.lookahead: Lookahead | None = None  # set by make_sparse_cache, which has the model
+        self.lookahead: Lookahead | None = None  # set by make_sparse_cache, which has the model, before the layers
         try:
             self.image = ColdImage.open(image_dir, image_key(self), image_tokens) if image_dir is not None else None
             if self.image is not None:

@@ -37,9 +37,8 @@ import numpy as np
 import torch
 
 from kvtier.kv.gather import select_columns
-from kvtier.kernels import _candidate_dots, _chosen_values
+from kvtier.kernels import ops
 from kvtier.sparse.hot.hot_pool import importance
-from kvtier.kernels.top_share import split, top_share
 
 MIN_CANDIDATES = 16  # the fewest cold tokens a sequence's shortlist holds (where the pool has them)
 
@@ -69,9 +68,10 @@ class Picks:
         hot, cold = hot_scores.numpy(), cold_scores.numpy()
         scored = hot.shape[1] + cold.shape[1]
         pooled = scored if pooled is None else pooled
-        chosen = top_share(hot, min(math.ceil(alpha * pooled), scored), more=cold)
-        parts = split(chosen, hot_positions, cold_positions)
-        return cls(chosen, parts.counts, hot.shape[1], parts.indices, parts.positions, parts.more_chosen)
+        chosen = ops.top_share(hot, count=min(math.ceil(alpha * pooled), scored), more=cold)
+        hot_counts, padded_hot, positions, cold_chosen = ops.split_chosen(chosen, positions=hot_positions,
+                                                                          more_positions=cold_positions)
+        return cls(chosen, hot_counts, hot.shape[1], padded_hot, positions, cold_chosen)
 
     @property
     def hot_count(self) -> int:
@@ -114,10 +114,10 @@ def shortlist(hot_scores: np.ndarray, cold_scores: np.ndarray, alpha: float, mar
     (`cold_scores` [B, Nc]), `candidate_counts` of how many the top-alpha over them and the hot scores [B, Nh]
     would take from the cold pool."""
     scores = np.concatenate([hot_scores, cold_scores], axis=1)
-    chosen = top_share(scores, min(math.ceil(alpha * scores.shape[1]), scores.shape[1]))
+    chosen = ops.top_share(scores, count=min(math.ceil(alpha * scores.shape[1]), scores.shape[1]))
     picked = (chosen >= hot_scores.shape[1]).sum(axis=1)
     counts = candidate_counts(margin, picked, cold_scores.shape[1], least)
-    return [top_share(row[None], int(count))[0] for row, count in zip(cold_scores, counts)]
+    return [ops.top_share(row[None], count=int(count))[0] for row, count in zip(cold_scores, counts)]
 
 
 @dataclass
@@ -140,12 +140,11 @@ class Segment:
         """sum_j w_j v_j [B, Hkv, G, D] float32, the weights of this segment's tokens being `weights`' [..., start:]."""
         return torch.matmul(weights[..., start : start + self.width], self.values.float())
 
-    def source(self) -> tuple | None:
-        """This segment as chosen_values.attend takes a source (every row chosen), or None where it cannot."""
+    def source(self) -> ops.Source | None:
+        """This segment as `ops.attend` takes a source (every row chosen), or None where it cannot."""
         if not self._compiled():
             return None
-        return (self.logits.numpy(), self.width, *_rows_buffer(self.values), self.values.element_size(),
-                self.values.shape[2], b"", b"")
+        return ops.Source(logits=self.logits.numpy(), values=_rows_buffer(self.values))
 
     def _compiled(self) -> bool:
         return (weighs_in_place(self.values, self.logits.shape[2]) and self.logits.dtype == torch.float32
@@ -168,38 +167,37 @@ class PooledSegment(Segment):
 
     def weighted(self, weights: torch.Tensor, start: int) -> torch.Tensor:
         weights = weights.contiguous()
-        batch, heads, group, stride = weights.shape
-        out = torch.empty(batch, heads, group, self.values.shape[3])
-        _chosen_values.weighted(*_rows_buffer(self.values), self.slots, self.counts, weights.numpy(), out.numpy(),
-                                self.values.element_size(), batch, heads, group, self.values.shape[2], self.width,
-                                stride, start, self.values.shape[3])
+        out = torch.empty(*weights.shape[:3], self.values.shape[3])
+        ops.weighted_values(values=_rows_buffer(self.values), slots=self.slots, counts=self.counts,
+                            weights=weights.numpy(), out=out.numpy(), start=start)
         return out
 
-    def source(self) -> tuple:
+    def source(self) -> ops.Source:
         """The kernel reads these values already (`weighted`): no check needed."""
-        return (self.logits.contiguous().numpy(), self.width, *_rows_buffer(self.values), self.values.element_size(),
-                self.values.shape[2], self.slots, self.counts)
+        return ops.Source(logits=self.logits.contiguous().numpy(), values=_rows_buffer(self.values), slots=self.slots,
+                          counts=self.counts)
 
 
-def _rows_buffer(rows: torch.Tensor) -> tuple[np.ndarray, int, int, int, int]:
-    """What the compiled kernels take for rows [B, H, n, D] at any strides but the last: their whole buffer (bfloat16
-    as its bits), the first row's element offset in it, and the strides of the first three dimensions."""
+def _rows_buffer(rows: torch.Tensor) -> ops.Rows:
+    """Rows [B, H, n, D] at any strides but the last as the compiled kernels take them: their whole buffer
+    (bfloat16 as its bits), the first row's element offset in it, the strides of the first three dimensions, the
+    shape."""
     elements = rows.untyped_storage().nbytes() // rows.element_size()
     storage = rows.as_strided((elements,), (1,), 0)
     storage = storage.view(torch.int16) if rows.dtype == torch.bfloat16 else storage
-    return (storage.numpy(), rows.storage_offset(), *rows.stride()[:3])
+    return ops.Rows(storage.numpy(), rows.storage_offset(), rows.stride()[:3], rows.shape)
 
 
 def weighs_in_place(values: torch.Tensor, group: int) -> bool:
     """Whether the compiled weighted sum (chosen_values.c) takes chosen values from `values` [B, Hkv, slots, D] for
     `group` query heads per KV head: `compiled_rows` holds, and the group's accumulators fit."""
-    return compiled_rows(values) and group * values.shape[3] <= _chosen_values.max_accumulators
+    return compiled_rows(values) and group * values.shape[3] <= ops.MAX_ACCUMULATORS
 
 
 def compiled_rows(rows: torch.Tensor) -> bool:
     """Whether the compiled kernels (chosen_values.c, candidate_dots.c) read `rows` [B, H, n, D] where they lie: in
     host memory, each row contiguous, float32 or bfloat16, head_dim a multiple of 8, a CPU with AVX2 and FMA."""
-    return (_chosen_values.vectorized and rows.device.type == "cpu" and rows.stride(3) == 1
+    return (ops.VECTORIZED and rows.device.type == "cpu" and rows.stride(3) == 1
             and rows.dtype in (torch.float32, torch.bfloat16) and rows.shape[3] % 8 == 0)
 
 
@@ -249,11 +247,11 @@ def candidate_scores(query: torch.Tensor, keys: torch.Tensor, counts: np.ndarray
     the padding's both -inf: never among the top, weighted 0. Where `compiled_rows` holds, one compiled pass
     (candidate_dots.c) reads the keys where they lie."""
     if compiled_rows(keys):
-        batch, heads, group, head_dim = query.shape
+        batch, heads, group, _ = query.shape
         dots, token_importance = torch.empty(batch, heads, group, keys.shape[2]), torch.empty(batch, keys.shape[2])
-        _candidate_dots.dots(*_rows_buffer(keys), query.contiguous().numpy(), np.ascontiguousarray(counts, np.int64),
-                             dots.numpy(), token_importance.numpy(), keys.element_size(), batch, heads, group,
-                             keys.shape[2], head_dim, int(aggregation == "max"))
+        ops.candidate_dots(keys=_rows_buffer(keys), query=query.contiguous().numpy(),
+                           counts=np.ascontiguousarray(counts, np.int64), out=dots.numpy(),
+                           importance=token_importance.numpy(), aggregation=aggregation)
         return dots, token_importance
     # the keys copied out of the records first: torch's product over their strides took twice as long at batch 8;
     # numpy's product, faster still, runs OpenBLAS threads that take the scorer's core (docs/decisions.md)
@@ -306,7 +304,7 @@ def exact_attention(segments: list[Segment], query: torch.Tensor, scaling: float
 
 
 def compiled_sources(segments: list[Segment]) -> tuple | None:
-    """The segments as chosen_values.attend takes them, or None where the kernel cannot read one of them."""
+    """The segments as `ops.attend` takes them, or None where the kernel cannot read one of them."""
     sources = tuple(segment.source() for segment in segments)
     return None if None in sources else sources
 
@@ -316,5 +314,5 @@ def _attended(sources: tuple, query: torch.Tensor, shape: torch.Size, scaling: f
     batch, heads, group, _ = shape
     head_dim = query.shape[-1]
     out = torch.empty(batch, heads, group, head_dim)
-    _chosen_values.attend(sources, out.numpy(), batch, heads, group, head_dim, scaling)
+    ops.attend(sources=sources, out=out.numpy(), scaling=scaling)
     return out.view(batch, heads * group, head_dim)[:, None].to(query.dtype)

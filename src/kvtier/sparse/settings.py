@@ -16,9 +16,11 @@ class SparseSettings:
     alpha: float = 0.2  # importance rate: fraction of pooled (hot + cold) tokens attended per step (paper: 20%)
     score_bits: int = 4  # sketch precision: they only draw up the cold shortlist, exact scores choose
     beta: float | None = None  # hot/cold split Mc/Ms; None: APP chooses it (planner.py)
-    sink: int = 4  # first tokens always attended (attention sinks); measured choice: docs/decisions.md
-    recent: int = 64  # last tokens always attended, kept on the device with the new ones; ditto
-    aggregation: str = "sum"  # GQA token importance: summed group queries ("sum") or max over heads ("max"); ditto
+    sink: int = 4  # first tokens always attended (attention sinks): the first holds their mass, 4 insure others
+    recent: int = 64  # last tokens always attended, kept on the device with the new ones; the attention mass's knee
+    # GQA token importance: summed group queries ("sum") or max over heads ("max"); sum keeps as much attention
+    # mass and sends and scores one query per KV head instead of one per query head
+    aggregation: str = "sum"
     observation_window: int = 32  # last prompt queries whose attention places tokens hot or cold (SnapKV-style)
     policy: str = "hit"  # migration: hit table ("hit"), instantaneous scores ("naive"), none ("off")
     max_moves: int = 8  # promotions (swaps) per layer, sequence and step
@@ -26,12 +28,12 @@ class SparseSettings:
     idle_steps: int = 16
     demote_batch: int = 64  # tokens per sequence demoted at once when the hot pool overflows (batched writes)
     # Tokens leave the recent window for the hot pool this many at a time, so the window holds recent to
-    # recent + retire_batch - 1 tokens (all attended); moving them one per step cost more (docs/decisions.md).
+    # recent + retire_batch - 1 tokens (all attended); moving them one per step cost ~0.3 ms per layer and step.
     retire_batch: int = 16
     scorer_memory_budget: int = 0  # bytes of sketches the scorer may keep in memory (emulated on-board DRAM)
     scorer_io_threads: int = 4
     # Tokens per streamed score block. Each block is one numpy call in the scorer, so small blocks pay call
-    # overhead; 1024 keeps streaming (an 8K layer is several blocks) at near the one-piece cost (docs/decisions.md).
+    # overhead; 1024 keeps streaming (an 8K layer is several blocks) at near the one-piece cost.
     score_block_tokens: int = 1024
     # Cold tokens are chosen by exact q.k from a shortlist the sketches draw up (selection.py): `candidate_margin`
     # x the cold tokens the sketch scores would pick, or, with the lookahead, x the layer's last cold picks.
@@ -40,7 +42,6 @@ class SparseSettings:
     # previous layer's input; the first `lookahead_skip` tiered layers are not predicted but asked for a step
     # ahead, with the query they attended with at the step before; neither is done for layers with fewer than
     # `lookahead_min_cold` cold tokens per sequence (there it costs about what it hides).
-    # Measured choices: docs/decisions.md.
     lookahead: bool = True
     lookahead_skip: int = 2
     lookahead_min_cold: int = 256

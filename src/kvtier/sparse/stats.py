@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field
 log = logging.getLogger(__name__)
 
 PARTS = ("score_s", "fetch_s", "attention_s", "migrate_s")
-# The phases of a layer's decode step (SparseLayer.attend, in its order) and the part each is charged to.
+# The phases of a layer's decode step (SparseLayer.attend: score, select, fetch, attend, migrate; in their order)
+# and the part each is charged to.
 PHASE_PARTS = {
-    "look ahead": "score_s",  # the next layer's predicted query sent to the scorer (lookahead)
+    "look ahead": "score_s",  # the next layers' predicted queries sent to the scorer (lookahead)
     "take": "fetch_s",  # the wait for the candidates read ahead (lookahead)
     "settle": "migrate_s",  # the wait for last step's writes of this layer
     "hot scores": "score_s",  # the request to the scorer, the hot pool's q.k
@@ -25,10 +26,10 @@ PHASE_PARTS = {
     "cold scores": "score_s",  # the wait for the scorer's cold scores (layers not predicted)
     "choice": "score_s",  # the shortlist; the top-alpha over hot pool and shortlist by exact scores
     "submit": "fetch_s",  # the shortlist's reads queued
-    "plan": "migrate_s",  # the hit table, the swaps planned
-    "hot segment": "attention_s",  # the chosen hot logits picked out (on CUDA also the values copied out)
     "cold reads": "fetch_s",  # the wait for the shortlist's reads
+    "hot segment": "attention_s",  # the chosen hot logits picked out (on CUDA also the values copied out)
     "softmax": "attention_s",
+    "plan": "migrate_s",  # the hit table, the swaps planned
     "after": "migrate_s",  # the swaps, the window's retirements
 }
 
@@ -60,6 +61,24 @@ class StepStats:
     demotions: int = 0
     lookahead_layers: int = 0  # layers whose cold candidates were prefetched with a predicted query
     unpredicted_fetch_s: float = 0.0  # the part of fetch_s spent in the other layers (their reads on the critical path)
+
+    def add_layer(self, clock: PhaseClock, read_ahead: bool, batch: int, hot_tokens: int, cold_tokens: int,
+                  chosen_hot: int, chosen_cold: int, fetched_bytes: int) -> None:
+        """Add one tiered layer's decode step: its phases (`clock`) to their parts, T_CPU and T_storage as measured,
+        the hot and cold tokens pooled (per sequence, times `batch`) and chosen (over the batch), the bytes its cold
+        reads took. `read_ahead`: the lookahead read its candidates, off the step's critical path."""
+        clock.charge(self)
+        phases = clock.seconds
+        self.unpredicted_fetch_s += 0.0 if read_ahead else clock.part("fetch_s")
+        self.host_time_s += phases["hot scores"]
+        scorer_round_trip = phases["hot scores"] + phases["window"] + phases["cold scores"] if cold_tokens else 0.0
+        self.storage_time_s += scorer_round_trip + phases["cold reads"]
+        self.selected_hot += chosen_hot
+        self.selected_cold += chosen_cold
+        self.pooled_hot += hot_tokens * batch
+        self.pooled_cold += cold_tokens * batch
+        self.cold_bytes_fetched += fetched_bytes
+        self.lookahead_layers += read_ahead
 
 
 class PhaseClock:

@@ -10,7 +10,7 @@ model's matrix products) shares the scorer's core under SCHED_IDLE, so the score
 moment it has work and it uses the core only while the scorer waits; the other helpers stay off
 that core. A helper at normal priority there starves the scorer, one thread fewer leaves most of
 that core idle, and an unpinned idle helper may land beside the decoding thread, which then spins
-waiting for it (docs/decisions.md has the measurements). The sparse layer's own step runs on
+waiting for it. The sparse layer's own step runs on
 `LAYER_STEP_THREADS` (one; set around it in kvtier.sparse.attention): its products are small, and
 a helper preempted by the scorer would hold up the whole op. Every other mode has no scorer and
 decodes on every core at normal priority. `kvtier generate` and the benchmarks decode under

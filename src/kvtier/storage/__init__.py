@@ -16,6 +16,7 @@ bytes (numpy arrays, bytearrays, CPU tensors viewed as uint8).
     pages.py        which pages (read units) hold chosen fixed-size records (tokens), short gaps bridged
     flash_log.py    slot allocators of the flash cache file: HiFC's append-only log and the naive reuse baseline
     stale_files.py  KV files left in a storage dir by killed runs, found and removed
+    file_lock.py    one writer per file: a flock on `<file>.lock`, which names the holder's pid
 """
 
 from kvtier.storage.aligned import aligned_buffer, byte_view, is_aligned

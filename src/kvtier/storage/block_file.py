@@ -5,6 +5,9 @@ File layout (every region starts on a 4 KiB page):
     page 1 ...        checksum table (checksum.py): one (crc32c, written) entry per block slot
     data_offset ...   data region (geometry.BlockLayout): per layer all K blocks, then all V blocks
 
+The file has one writer: `create` and `open` take its lock (file_lock.py) before touching it, and a
+second process asking for the same path gets an error naming the first one's pid.
+
 Blocks adjacent on disk (consecutive slots, also across K/V and layer
 boundaries) are moved by one vectored syscall; the runs go to the I/O engine's
 threads. Every write records the block's crc32c only after its data is on
@@ -38,6 +41,7 @@ from kvtier.errors import ChecksumError, ConfigError, StorageError
 from kvtier.storage import direct_file
 from kvtier.storage.aligned import aligned_buffer, byte_view, is_aligned
 from kvtier.storage.checksum import ChecksumTable, PageChecksums, checksum
+from kvtier.storage.file_lock import FileLock
 from kvtier.storage.geometry import KIND_NAMES, PAGE, BlockLayout, KVGeometry
 from kvtier.storage.header import FileHeader, decode_header, encode_header
 from kvtier.storage.io_engine import IOEngine, Run, consecutive_spans, then
@@ -66,9 +70,10 @@ class _Block:
 class KVBlockFile:
     """An open KV block file. Use `create` or `open`, then `write_blocks` / `read_blocks`."""
 
-    def __init__(self, path: str, fd: int, direct: bool, header: FileHeader, table: ChecksumTable,
+    def __init__(self, path: str, fd: int, lock: FileLock, direct: bool, header: FileHeader, table: ChecksumTable,
                  io: IOEngine, owns_io: bool, pages: PageChecksums | None = None) -> None:
         self.path = path
+        self._lock = lock
         self.layout: BlockLayout = header.layout
         self.model_id = header.model_id
         self.direct = direct
@@ -98,19 +103,26 @@ class KVBlockFile:
                               f"holds {layout.block_bytes} bytes")
         header = FileHeader(layout, model_id)
         page = encode_header(header)  # before touching the disk, so a bad header leaves no file behind
-        if os.path.lexists(path):
-            _unlink(path)  # processes that still have the old file open keep their copy
-        fd, direct = _open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        lock = FileLock.acquire(path, "KV file")  # before replacing anything: another process may be using it
+        try:
+            if os.path.lexists(path):
+                _unlink(path)  # a stale file (its writer is gone): our own copy replaces it
+            fd, direct = _open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        except BaseException:
+            lock.release()
+            raise
         try:
             _preallocate(fd, path, layout.file_bytes)
             _write_page(fd, path, page)
         except BaseException:
             os.close(fd)
             os.unlink(path)
+            lock.release()
             raise
         engine = io or IOEngine()
         pages = _page_checksums(fd, direct, layout) if page_checksums else None
-        return cls(path, fd, direct, header, ChecksumTable(layout.num_slots), engine, owns_io=io is None, pages=pages)
+        return cls(path, fd, lock, direct, header, ChecksumTable(layout.num_slots), engine, owns_io=io is None,
+                   pages=pages)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], geometry: KVGeometry | None = None, block_tokens: int | None = None,
@@ -119,7 +131,12 @@ class KVBlockFile:
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise StorageError(f"{path}: no such KV file; create it first or check the path")
-        fd, direct = _open(path, os.O_RDWR)
+        lock = FileLock.acquire(path, "KV file")
+        try:
+            fd, direct = _open(path, os.O_RDWR)
+        except BaseException:
+            lock.release()
+            raise
         engine = io or IOEngine()
         try:
             header = decode_header(_read_page(fd, path), path)
@@ -129,10 +146,11 @@ class KVBlockFile:
             engine.read_runs(fd, [(TABLE_OFFSET, [table.pages(0, table.nbytes // PAGE)])])
         except BaseException:
             os.close(fd)
+            lock.release()
             if io is None:
                 engine.close()
             raise
-        return cls(path, fd, direct, header, table, engine, owns_io=io is None)
+        return cls(path, fd, lock, direct, header, table, engine, owns_io=io is None)
 
     @property
     def page_checksums(self) -> bool:
@@ -307,18 +325,22 @@ class KVBlockFile:
         direct_file.drop_page_cache(self._fd)
 
     def close(self) -> None:
-        if self._fd < 0:
-            return
-        os.close(self._fd)
-        self._fd = -1
-        if self._owns_io:
-            self.io.close()
+        """Close the file and give up its lock (idempotent)."""
+        self._close(remove=False)
 
     def remove(self) -> None:
-        """Close the file and delete it from the disk."""
-        self.close()
-        if os.path.exists(self.path):
+        """Close the file and delete it from the disk, then give up its lock (no other writer sees it half gone)."""
+        self._close(remove=True)
+
+    def _close(self, remove: bool) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            if self._owns_io:
+                self.io.close()
+        if remove and self._lock.held and os.path.exists(self.path):
             os.unlink(self.path)
+        self._lock.release()
 
     def __enter__(self) -> KVBlockFile:
         return self

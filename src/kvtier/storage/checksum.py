@@ -13,7 +13,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from kvtier.kernels import _crc32c_units
+from kvtier.kernels import ops
 from kvtier.storage.aligned import aligned_buffer, byte_view
 from kvtier.storage.geometry import PAGE, round_up
 
@@ -28,7 +28,7 @@ def checksum(buf: Any) -> int:
 
 def unit_checksums(data: np.ndarray, unit: int) -> np.ndarray:
     """The CRC32C of each `unit`-byte piece of `data` (contiguous bytes, whole units), uint32, in one call."""
-    return np.frombuffer(_crc32c_units.units(data, unit), dtype=np.uint32)
+    return ops.crc32c_units(data, unit=unit)
 
 
 class ChecksumTable:

@@ -3,7 +3,7 @@
 A sparse fetch is tens to hundreds of scattered 4 KiB-aligned runs per layer and
 step. Through the thread pool each run costs a Python-level hand-off and a GIL
 round trip when it completes; on the 2-core VM those, not the disk, bounded the
-fetch (docs/decisions.md). With O_DIRECT, kernel AIO (`io_submit`) queues every
+fetch. With O_DIRECT, kernel AIO (`io_submit`) queues every
 run at the device at once and `io_getevents` waits for all of them: no Python
 work per run, the queue depth the SSD wants. The control blocks are built as a
 numpy structured array, so a batch costs a handful of Python operations

@@ -11,7 +11,7 @@ two reads become one: one 4 KiB page (on the development VM's disk a fetch of
 285 random records from each of 30 layers took a median 1.73 s instead of
 2.30 s, 8 interleaved trials, for 14% more pages), or up to 2 KiB of sectors
 (BRIDGED_GAP_BYTES; chosen tokens cluster, and a read's fixed cost outweighs
-a few KiB: docs/decisions.md). The bytes read are counted and reported.
+a few KiB). The bytes read are counted and reported.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Every KV file a run creates is named `<kind>-<pid>-<8 hex>.<ext>` (offload `kv-*.kvt`,
 baselines `<store>-*.kvt`, sparse `sparse-*.kv` / `.sketch`) and deleted when the cache
 closes; only a killed process (SIGKILL, OOM) leaves one behind, and hundreds of MiB each
-add up. A file whose pid no longer exists on this machine is abandoned.
+add up. A file whose pid no longer exists on this machine is abandoned, and so is its
+lock file (`<name>.lock`, file_lock.py).
 """
 
 import logging
@@ -13,7 +14,7 @@ from pathlib import Path
 from kvtier.processes import process_exists
 
 log = logging.getLogger(__name__)
-RUN_FILE = re.compile(r"^[a-z_]+-(\d+)-[0-9a-f]{8}\.(kvt|kv|sketch)$")
+RUN_FILE = re.compile(r"^[a-z_]+-(\d+)-[0-9a-f]{8}\.(kvt|kv|sketch)(\.lock)?$")
 
 
 def remove_abandoned_kv_files(directory: Path) -> list[Path]:

@@ -9,7 +9,9 @@ def replay(tmp_path, records, num_slots, name="j"):
     journal = Journal(tmp_path / name, bytes(16))
     journal.append(records)
     journal.close()
-    return ChunkIndex.replay(Journal(tmp_path / name, bytes(16)).records, num_slots)
+    reopened = Journal(tmp_path / name, bytes(16))
+    reopened.close()  # its records stay: they were read at open
+    return ChunkIndex.replay(reopened.records, num_slots)
 
 
 def test_replay_applies_puts_reclaims_and_finds_the_head(tmp_path):

@@ -8,8 +8,16 @@ import pytest
 
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm.journal import RECORD_BYTES, Journal, head, put, reclaim
+from kvtier.storage.file_lock import FileInUseError
 
 FILE_ID = bytes(range(16))
+
+
+def seqs_after_reopen(path, file_id=FILE_ID) -> list[int]:
+    """The records' sequence numbers a reopened journal replays (closed again: it holds the journal's lock)."""
+    journal = Journal(path, file_id)
+    journal.close()
+    return [record.seq for record in journal.records]
 
 
 def test_appended_records_come_back_in_order(tmp_path):
@@ -36,7 +44,7 @@ def test_a_corrupt_record_ends_the_replay_and_the_rest_is_cut_off(tmp_path):
     assert path.stat().st_size == 3 * RECORD_BYTES
     again.append([put(9, 9, 9, b"new")])
     again.close()
-    assert [record.seq for record in Journal(path, FILE_ID).records] == [0, 1, 9]
+    assert seqs_after_reopen(path) == [0, 1, 9]
 
 
 def test_a_journal_of_another_flash_file_starts_empty(tmp_path):
@@ -53,8 +61,17 @@ def test_rewrite_replaces_the_journal_whole(tmp_path):
     journal.rewrite([put(8, 8, 0, b"k8"), head(10, 9)])
     journal.append([put(11, 9, 0, b"k11")])
     journal.close()
-    assert [record.seq for record in Journal(tmp_path / "j", FILE_ID).records] == [8, 10, 11]
+    assert seqs_after_reopen(tmp_path / "j") == [8, 10, 11]
     assert sorted(os.listdir(tmp_path)) == ["j"]
+
+
+def test_a_second_opener_is_refused_and_cuts_nothing_off(tmp_path):
+    journal = Journal(tmp_path / "j", FILE_ID)
+    journal.append([put(0, 0, 0, b"k")])
+    with pytest.raises(FileInUseError, match=f"index journal {tmp_path / 'j'} is in use by kvtier process {os.getpid()}"):
+        Journal(tmp_path / "j", bytes(16))  # another file id: it would have emptied the journal
+    journal.close()
+    assert seqs_after_reopen(tmp_path / "j") == [0]
 
 
 def test_a_key_longer_than_a_record_is_refused():

@@ -96,6 +96,22 @@ def test_the_scorer_and_its_replacement_run_on_the_core_the_decode_keeps_free(po
         client.close()
 
 
+def test_ctrl_c_leaves_the_scorer_serving_until_the_host_stops_it(pool):
+    """Ctrl-C goes to the terminal's whole process group: the scorer ignores it (no traceback of its own), the host's
+    `close` stops it."""
+    channel, file, keys, query = pool
+    client = _client(channel, file)
+    try:
+        scorer = client.process
+        os.kill(scorer.pid, signal.SIGINT)
+        client.request(0, query, TOKENS)
+        np.testing.assert_array_equal(client.scores()[0], _expected(query, keys, 0, 0))
+        assert client.restarts == 0 and client.host_scored_requests == 0
+    finally:
+        client.close()
+    assert scorer.returncode == 0
+
+
 def test_a_killed_scorer_is_noticed_replaced_and_its_layer_scored_on_the_host(pool):
     channel, file, keys, query = pool
     client = _client(channel, file)

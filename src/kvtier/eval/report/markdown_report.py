@@ -28,7 +28,7 @@ from kvtier.eval.serving.serve_bench import render_markdown as serve_markdown
 from kvtier.eval.sparse.sparse_bench import markdown as sparse_markdown
 from kvtier.eval.sparse.traffic import DIRECTIONS
 from kvtier.modes import KV_MODES
-from kvtier.sparse.threads import describe_threads
+from kvtier.sparse import describe_threads
 from kvtier.units import format_size
 
 REPORT_NAME = "REPORT.md"

@@ -14,7 +14,7 @@ streamed text) and inter-token latency (gaps between streamed chunks, one token 
 Repeats alternate the backend order and the server/offline order; the tables give medians over
 repeats with the spread (min-max). The clients (`load_client`) run in a process of their own, as
 a real client would: in the server's process their JSON parsing took the interpreter from the
-engine thread (docs/decisions.md). They still share the machine's cores with the server.
+engine thread. They still share the machine's cores with the server.
 """
 
 from __future__ import annotations

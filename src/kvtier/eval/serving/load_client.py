@@ -23,6 +23,7 @@ class LevelRun:
     wall_s: float
     ttft_s: list[float]
     itl_s: list[float]
+    texts: list[str]  # each prompt's completion, in prompt order
 
     @property
     def tokens_per_s(self) -> float:
@@ -30,12 +31,12 @@ class LevelRun:
 
 
 async def _stream_one(http: httpx.AsyncClient, model: str, prompt: str, new_tokens: int
-                      ) -> tuple[int, float, list[float]]:
-    """(completion tokens, time to first text, gaps between text chunks) of one streamed completion."""
+                      ) -> tuple[int, float, list[float], str]:
+    """(completion tokens, time to first text, gaps between text chunks, text) of one streamed completion."""
     body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
-    arrivals, tokens = [], 0
+    arrivals, tokens, pieces = [], 0, []
     async with http.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -44,27 +45,30 @@ async def _stream_one(http: httpx.AsyncClient, model: str, prompt: str, new_toke
             chunk = json.loads(line.removeprefix("data: "))
             if chunk["choices"] and chunk["choices"][0]["text"]:
                 arrivals.append(time.perf_counter())
+                pieces.append(chunk["choices"][0]["text"])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
     gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:])]
-    return tokens, arrivals[0] - sent, gaps
+    return tokens, arrivals[0] - sent, gaps, "".join(pieces)
 
 
 async def _drive(url: str, model: str, prompts: list[str], clients: int, new_tokens: int) -> LevelRun:
-    queue = list(reversed(prompts))
-    results: list[tuple[int, float, list[float]]] = []
+    queue = list(reversed(list(enumerate(prompts))))
+    results: dict[int, tuple[int, float, list[float], str]] = {}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
     async def client(http: httpx.AsyncClient) -> None:
         while queue:
-            results.append(await _stream_one(http, model, queue.pop(), new_tokens))
+            index, prompt = queue.pop()
+            results[index] = await _stream_one(http, model, prompt, new_tokens)
 
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=None) as http:
         started = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         wall = time.perf_counter() - started
-    return LevelRun(sum(tokens for tokens, _, _ in results), wall, [ttft for _, ttft, _ in results],
-                    [gap for _, _, gaps in results for gap in gaps])
+    ordered = [results[index] for index in range(len(prompts))]
+    return LevelRun(sum(run[0] for run in ordered), wall, [run[1] for run in ordered],
+                    [gap for run in ordered for gap in run[2]], [run[3] for run in ordered])
 
 
 def drive(url: str, model: str, prompts: list[str], clients: int, new_tokens: int) -> LevelRun:

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from kvtier.generation import prefill
-from kvtier.sparse.threads import decoding
+from kvtier.sparse import decoding
 
 if TYPE_CHECKING:
     from kvtier.eval.sparse.prefill_tape import PrefillTape

@@ -32,8 +32,7 @@ from kvtier.eval.record import ResultStore, spread
 from kvtier.eval.sparse.traffic import cache_bypass, sparse_details, step_traffic
 from kvtier.kv.contract import tier_bytes
 from kvtier.modes import KVConfig, make_cache
-from kvtier.sparse.cache import SparseCache
-from kvtier.sparse.threads import thread_settings
+from kvtier.sparse import thread_settings
 from kvtier.units import format_size
 
 WARMUP_STEPS = 1
@@ -119,8 +118,9 @@ def measure_once(llm, cell: Cell, kv_config: KVConfig, ids: torch.Tensor, option
         run["traffic_bytes_per_step"] = step_traffic(cache, llm.model, measured, cell.alpha)
         run["kv_bytes"] = tier_bytes(cache, llm.model)
         run["cache_bypass"] = cache_bypass(cache)
-        if isinstance(cache, SparseCache):
-            run["sparse"] = sparse_details(cache)
+        sparse = cache.sparse_view()
+        if sparse is not None:
+            run["sparse"] = sparse_details(sparse)
         return run
     finally:
         cache.close()

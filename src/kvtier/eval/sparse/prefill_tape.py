@@ -10,7 +10,7 @@ attention (the sparse path keeps the last prompt queries to place tokens hot or 
 real queries, and the logits that start decoding come from that mode's forward pass.
 
 Why: a long prompt's prefill dominates a long-context run, once per mode compared
-(docs/decisions.md). Recorded per sequence (batch 1 at a
+(a 32K prompt took ~6 minutes per sequence, so ~50 minutes per mode at batch 8). Recorded per sequence (batch 1 at a
 time, so the chunk's attention never holds 8 sequences' scores), then stacked into batch rows.
 Memory: the tape holds the prompt's full K/V (what the dense mode holds anyway).
 """
@@ -91,7 +91,7 @@ class _RecordingCache(DynamicCache):
 
     A subclass rather than a wrapper around a DynamicCache's bound `update`: that wrapper made a
     reference cycle, so each row's cache outlived the row until the cyclic collector ran, and at
-    batch 8 x 32K the process nearly ran out of memory (docs/decisions.md).
+    batch 8 x 32K the process nearly ran out of memory.
     """
 
     def __init__(self, config) -> None:

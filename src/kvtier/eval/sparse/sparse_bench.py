@@ -30,17 +30,15 @@ from kvtier.eval.sparse.prefill_tape import PrefillTape, record, recorded_tokens
 from kvtier.eval.record import machine_info
 from kvtier.eval.sparse.stored_rows import StoredRows
 from kvtier.eval.sparse.traffic import sparse_details
+from kvtier.kv.contract import SparseView
 from kvtier.kv.model_geometry import full_attention_layers, model_geometry, text_config
 from kvtier.kv.offload import OffloadCache
 from kvtier.modes import KVConfig, make_cache
-from kvtier.sparse.cache import SparseCache
+from kvtier.sparse import SCORE_BITS, SparseSettings, decoding, describe_threads, thread_settings
 from kvtier.sparse.lookahead import QueryForecast, is_predicted
 from kvtier.sparse.planner import load_or_calibrate
 from kvtier.eval.accuracy.recall import ESTIMATES, edge_mass, estimate, exact_mass, recall_at, shortlisted
-from kvtier.sparse.settings import SparseSettings
-from kvtier.sparse.cold.sketch import SCORE_BITS
 from kvtier.docstore import DocumentStore
-from kvtier.sparse.threads import decoding, describe_threads, thread_settings
 from kvtier.units import format_size
 
 
@@ -164,25 +162,24 @@ def _measure(model, cache, tape: PrefillTape, bench: SparseBench, label: str) ->
         measured = measure_decode(model, cache, tape.ids, bench.new_tokens, bench.prefill_chunk, label=label,
                                   decode_mode=label, tape=tape)
         measured.pop("token_ids")
-        if isinstance(cache, SparseCache):
-            measured |= _sparse_details(cache)
+        sparse = cache.sparse_view()
+        if sparse is not None:
+            measured |= _sparse_details(sparse, direct=cache.storage_files()[0].direct)
         elif isinstance(cache, OffloadCache):
-            measured["direct"] = cache.store.file.direct
+            measured["direct"] = cache.storage_files()[0].direct
         return measured
     finally:
         cache.close()
 
 
-def _sparse_details(cache: SparseCache) -> dict:
-    """The sparse step summary the latency suite records too (kvtier.eval.sparse.traffic), plus the scorer's health."""
-    runtime = cache.runtime
-    if runtime.lookahead is not None:
-        runtime.lookahead.drain()  # the last step asked for a next one's first layers: the round trip waits alone
-    return sparse_details(cache) | {
-        "direct": runtime.cold.kv.direct,
-        "io_backend": runtime.io.backend,  # how the cold reads reach the disk: kernel AIO or the thread pool
-        "scorer_round_trip_us": runtime.scorer.round_trip_s(repeats=200) * 1e6,
-        "scorer_host_fallbacks": runtime.scorer.host_scored_requests,
+def _sparse_details(sparse: SparseView, direct: bool) -> dict:
+    """The sparse step summary the latency suite records too (kvtier.eval.sparse.traffic), plus the scorer's health
+    and `direct` (the cold pool's K|V reads bypass the page cache)."""
+    return sparse_details(sparse) | {
+        "direct": direct,
+        "io_backend": sparse.io_backend,
+        "scorer_round_trip_us": sparse.scorer_round_trip_s(repeats=200) * 1e6,
+        "scorer_host_fallbacks": sparse.scorer_host_fallbacks,
     }
 
 

@@ -19,32 +19,19 @@ from __future__ import annotations
 
 import math
 
-from kvtier.baselines.selective import SelectiveCache
-from kvtier.kv.contract import TieredLayer
+from kvtier.kv.contract import SparseView, TieredLayer
 from kvtier.kv.dense import DenseCache
 from kvtier.kv.model_geometry import model_geometry
 from kvtier.kv.offload import OffloadCache
-from kvtier.sparse.cache import SparseCache
 
 DIRECTIONS = ("storage->host", "storage internal", "host->storage", "host->device", "device->host")
 O_DIRECT = "O_DIRECT"
 BUFFERED = "none (the filesystem refused O_DIRECT: reads may hit the page cache)"
 
 
-def storage_files(cache) -> list:
-    """The files of the cache's disk tier (objects with a `direct` flag); none for dense."""
-    if isinstance(cache, OffloadCache):
-        return [cache.store.file]
-    if isinstance(cache, SparseCache):
-        return [cache.runtime.cold.kv, cache.runtime.cold.sketches]
-    if isinstance(cache, SelectiveCache):
-        return [store.file for store in cache.runtime.stores]
-    return []
-
-
 def cache_bypass(cache) -> str | None:
     """How the cache's reads avoid the page cache: O_DIRECT, a warning, or None without a disk tier."""
-    files = storage_files(cache)
+    files = cache.storage_files()
     if not files:
         return None
     return O_DIRECT if all(file.direct for file in files) else BUFFERED
@@ -61,8 +48,9 @@ def step_traffic(cache, model, measured: dict, alpha: float) -> dict[str, float]
     traffic = {"storage->host": disk_read, "storage internal": 0.0,
                "host->storage": measured["disk_written_bytes_per_step"],
                "device->host": float(len(tiered) * batch * layer_bytes)}
-    if isinstance(cache, SparseCache):
-        summary = cache.stats.summary(skip=1)
+    sparse = cache.sparse_view()
+    if sparse is not None:
+        summary = sparse.step_summary()
         fetched = summary.get("cold_bytes_fetched", 0.0)
         attended = summary.get("selected_hot", 0.0) + summary.get("selected_cold", 0.0)
         traffic |= {"storage->host": fetched, "storage internal": max(0.0, disk_read - fetched)}
@@ -79,12 +67,12 @@ def _pooled(layer) -> int:
     return tokens["host"] + tokens["storage"]
 
 
-def sparse_details(cache: SparseCache) -> dict:
+def sparse_details(sparse: SparseView) -> dict:
     """What the sparse path did per decode step: breakdown, selection, migration, and APP's plan vs measurement."""
-    summary = cache.stats.summary(skip=1)
-    plan = cache.runtime.plan
+    summary = sparse.step_summary()
+    plan = sparse.plan
     pooled = summary.get("pooled_hot", 0.0) + summary.get("pooled_cold", 0.0)
-    moves, ping_pongs = cache.ping_pong()
+    moves, ping_pongs = sparse.ping_pong()
     return {
         "breakdown_ms": {part: summary.get(f"{part}_s", 0.0) * 1000
                          for part in ("score", "fetch", "attention", "migrate", "rest")},
@@ -105,5 +93,5 @@ def sparse_details(cache: SparseCache) -> dict:
         "planned_selection_rates": {"hot": plan.alpha_host, "cold": plan.alpha_storage} if plan else None,
         "beta": plan.beta_for_json if plan else None,
         "capped_by_host_budget": plan.capped if plan else None,
-        "hot_tokens": cache.runtime.hot_tokens,
+        "hot_tokens": sparse.hot_tokens,
     }

@@ -10,6 +10,9 @@ replay stops at the first record whose crc does not match (or that is cut short)
 before it and truncates the rest, so new records follow the last good one. The journal is never
 the only guard: every chunk read back is checked against its crc before anyone sees it.
 
+One process writes a journal: opening it takes its lock (kvtier.storage.file_lock) before the
+replay may cut anything off, so a second opener gets an error naming the first one's pid.
+
 Compaction rewrites only the live entries to a temporary file, fsyncs it and renames it over the
 journal (and fsyncs the directory), so a crash during compaction leaves the old or the new one.
 
@@ -32,6 +35,7 @@ import numpy as np
 
 from kvtier.errors import ConfigError, StorageError
 from kvtier.storage import fsync_directory
+from kvtier.storage.file_lock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +91,12 @@ class Journal:
         self.dropped_bytes = 0  # torn or corrupt tail cut off at open
         self.count = 0  # records in the file now
         self._end = RECORD_BYTES  # where the next record goes
-        self._fd = self._open()
+        self._lock = FileLock.acquire(path, "index journal")  # a sidecar: compaction renames a new journal over this
+        try:
+            self._fd = self._open()
+        except BaseException:
+            self._lock.release()
+            raise
 
     def _open(self) -> int:
         try:
@@ -154,6 +163,7 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        self._lock.release()
 
 
 @dataclass

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtier.errors import ChecksumError, StorageError
+from kvtier.errors import ChecksumError, DamagedEntryError, StorageError
 from kvtier.sparse.record_file import RecordFile, RecordLayout
 from kvtier.storage import (
     IOEngine, checksum, direct_read_unit, fsync_directory, open_direct, round_up, write_new_file,
@@ -51,7 +51,7 @@ IMAGE_VERSION = 3  # 2: page crcs per read unit (512 B where O_DIRECT takes sect
 META, TABLES, KV, SKETCH, CRC = "image.json", "tables.npz", "cold.kv", "cold.sketch", ".crc"
 
 
-class CorruptImage(StorageError):
+class CorruptImage(DamagedEntryError):
     """A stored sparse image that fails a check or is cut short: its entry is damaged."""
 
 

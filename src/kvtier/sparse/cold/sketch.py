@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtier.errors import ConfigError
-from kvtier.kernels import _sketch_scores
+from kvtier.kernels import ops
 
 SCORE_BITS = (8, 4)
 AGGREGATIONS = ("sum", "max")
@@ -104,6 +104,6 @@ def score(records: np.ndarray, query: np.ndarray, fmt: SketchFormat, aggregation
     """
     records = np.ascontiguousarray(records, dtype=np.uint8)
     out = np.empty(len(records), dtype=np.float32) if out is None else out[: len(records)]
-    _sketch_scores.scores(records, np.ascontiguousarray(query, dtype=np.float32), out, fmt.bits, fmt.heads,
-                          fmt.head_dim, fmt.group, aggregation == "max")
+    ops.sketch_scores(records, np.ascontiguousarray(query, dtype=np.float32), out, bits=fmt.bits, heads=fmt.heads,
+                      head_dim=fmt.head_dim, group=fmt.group, aggregation=aggregation)
     return out

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvtier.kernels import _hit_table
-from kvtier.kernels.strided_rows import strided_rows
+from kvtier.kernels import ops
 
 SATURATED = 255
 RESTAMP_EVERY = 64
@@ -50,20 +49,13 @@ class HitTable:
     def any_idle(self, positions: np.ndarray, steps: int) -> np.ndarray:
         """Per row of positions [batch, n], whether one of its tokens has been idle `steps` (1-255) steps or more:
         a scan that stops at the first (hit_table.c)."""
-        flat, stride = strided_rows(positions)
-        idle = np.empty(len(positions), dtype=np.uint8)
-        _hit_table.any_idle(self.stamp, flat, idle, *self.stamp.shape, positions.shape[1], stride, self.steps % 256,
-                            steps)
-        return idle.view(bool)
+        return ops.any_idle(self.stamp, positions=positions, now=self.steps % 256, steps=steps)
 
     def any_hit(self, positions: np.ndarray, first: np.ndarray, hits: int) -> np.ndarray:
         """Per row of positions [batch, n], whether one of its tokens from column first[row] on has `hits` hits or
         more: a scan that stops at the first (hit_table.c)."""
-        flat, stride = strided_rows(positions)
-        found = np.empty(len(positions), dtype=np.uint8)
-        _hit_table.any_hit(self.hits, flat, np.ascontiguousarray(first, dtype=np.int64), found, *self.hits.shape,
-                           positions.shape[1], stride, min(hits, 256))
-        return found.view(bool)
+        return ops.any_hit(self.hits, positions=positions, first=np.ascontiguousarray(first, dtype=np.int64),
+                           needed=min(hits, 256))
 
     def idle_rows(self, positions: np.ndarray) -> np.ndarray:
         """`idle` of positions [batch, n], one row per sequence."""
@@ -94,9 +86,7 @@ class HitTable:
 
     def record(self, selected: np.ndarray) -> None:
         """One decode step: the tokens at `selected` [batch, k] positions (distinct within a row) were chosen."""
-        positions, stride = strided_rows(selected)
-        _hit_table.record(self.hits, self.stamp, positions, *self.hits.shape, selected.shape[1], stride,
-                          (self.steps + 1) % 256)
+        ops.record_hits(self.hits, self.stamp, positions=selected, now=(self.steps + 1) % 256)
         self.steps += 1
         if self.steps % self.decay_every == 0:
             self.hits >>= 1

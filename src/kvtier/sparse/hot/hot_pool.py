@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvtier.kernels import _hot_dots
+from kvtier.kernels import ops
 
 TILE = 16  # tokens per key tile: the kernel's stretch, a 4 KiB run of float32 keys at head_dim 64
 
@@ -78,13 +78,11 @@ class HotPool:
         return dots, importance(dots, aggregation)
 
     def _compiled_scores(self, query: torch.Tensor, aggregation: str) -> tuple[torch.Tensor, torch.Tensor]:
-        batch, heads, tiles, head_dim, _ = self.key_tiles.shape
+        batch, heads = self.key_tiles.shape[:2]
         dots, token_importance = torch.empty(batch, heads, query.shape[2], self.used), torch.empty(batch, self.used)
-        bf16 = self.key_tiles.dtype == torch.bfloat16
-        keys = self.key_tiles.view(torch.int16) if bf16 else self.key_tiles
-        _hot_dots.dots(keys.numpy(), query.contiguous().numpy(), dots.numpy(), token_importance.numpy(),
-                       int(aggregation == "max"), 2 if bf16 else 4, batch * heads, heads, query.shape[2],
-                       head_dim, tiles, self.used)
+        keys = self.key_tiles.view(torch.int16) if self.key_tiles.dtype == torch.bfloat16 else self.key_tiles
+        ops.hot_dots(keys=keys.numpy(), query=query.contiguous().numpy(), out=dots.numpy(),
+                     importance=token_importance.numpy(), aggregation=aggregation)
         return dots, token_importance
 
     def _grown(self, tensor: torch.Tensor, slots: int, dim: int) -> torch.Tensor:
@@ -140,7 +138,7 @@ class HotPool:
 def compiled_dots(dtype: torch.dtype) -> bool:
     """Whether the compiled kernel (hot_dots.c) takes a pool's q.k: for bfloat16 and float32 keys on a CPU with AVX2
     and FMA. Torch's product over the tiles is a batch of small matrix products, the fallback elsewhere."""
-    return _hot_dots.vectorized and dtype in (torch.bfloat16, torch.float32)
+    return ops.VECTORIZED and dtype in (torch.bfloat16, torch.float32)
 
 
 def importance(dots: torch.Tensor, aggregation: str) -> torch.Tensor:

@@ -8,8 +8,7 @@ token's importance is that same score averaged over the window's queries,
 each query over the keys it may see. The most important tokens fill the hot
 pool; the rest go cold, in position order so that neighbouring cold tokens
 share disk pages. Ranked by the window's attention probabilities instead, the
-hot pool held about half as many of the decode steps' choices
-(docs/decisions.md). The importance also seeds the hit table, so tokens the
+hot pool held about half as many of the decode steps' choices. The importance also seeds the hit table, so tokens the
 prompt already favours count as hit once.
 """
 

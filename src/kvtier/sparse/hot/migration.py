@@ -94,7 +94,7 @@ class HitPolicy:
 def coldest(hits: np.ndarray, idle: np.ndarray, count: int) -> np.ndarray:
     """Indices of the `count` coldest tokens along the last axis, coldest first: fewest hits, then longest idle, then
     lowest index (a stable sort's order). One partial sort of a combined key, unique per token: a full sort of every
-    hot token cost more than the rest of the plan (docs/decisions.md)."""
+    hot token cost more than the rest of the plan."""
     tokens = hits.shape[-1]
     levels = SATURATED + 1  # hits and idle counts are uint8 (hit_table.py)
     key = (hits.astype(np.int64) * levels + (SATURATED - idle.astype(np.int64))) * tokens + np.arange(tokens)

@@ -26,7 +26,7 @@ from kvtier.sparse.scorer.candidates_first import CandidatesFirst
 from kvtier.sparse.protocol import CONTROL_CANDIDATE_READ_BYTES, Channel
 from kvtier.sparse.record_file import RecordFile
 from kvtier.sparse.cold.slot_reads import submit_slot_reads
-from kvtier.kernels.top_share import top_share
+from kvtier.kernels import ops
 
 
 class CandidateReader:
@@ -70,4 +70,4 @@ def best(scores: np.ndarray, count: int) -> np.ndarray:
     """Indices of the `count` highest scores, ascending (all of them when there are fewer)."""
     if count >= len(scores):
         return np.arange(len(scores))
-    return top_share(scores[None], max(count, 0))[0]
+    return ops.top_share(scores[None], count=max(count, 0))[0]

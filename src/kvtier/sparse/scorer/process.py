@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -230,6 +231,7 @@ def serve(config: dict) -> None:
     """Answer requests in order. Once the scorer falls behind the host (`PrepareTiming`), a request that comes while
     the one before waits for its candidate reads is scored meanwhile: at batch 8 the scorer's own time per layer
     paces the step."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the host stops this one
     if config.get("core") is not None:  # before its I/O threads start: they inherit it (kvtier.sparse.threads.scorer_core)
         os.sched_setaffinity(0, {config["core"]})
     channel = Channel(ChannelSpec(**config["channel"]), config["channel_fd"])

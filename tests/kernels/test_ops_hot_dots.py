@@ -3,10 +3,10 @@ import pytest
 import torch
 from exact_values import small_integers
 
-from kvtier.kernels import _hot_dots
+from kvtier.kernels import ops
 from kvtier.sparse.hot.hot_pool import HotPool, compiled_dots, importance
 
-pytestmark = pytest.mark.skipif(not _hot_dots.vectorized, reason="the kernel needs AVX2 and FMA")
+pytestmark = pytest.mark.skipif(not ops.VECTORIZED, reason="the kernel needs AVX2 and FMA")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -21,8 +21,10 @@ def test_dots_and_importance_equal_torch_for_every_group_and_tail(dtype, group, 
     query = small_integers((heads, group, head_dim), seed=group)
     out, token_importance = torch.full((heads, group, used), float("nan")), torch.full((batch, used), float("nan"))
     bits = tiled.view(torch.int16) if dtype == torch.bfloat16 else tiled
-    _hot_dots.dots(bits.numpy(), query.numpy(), out.numpy(), token_importance.numpy(), int(aggregation == "max"),
-                   tiled.element_size(), heads, seq_heads, group, head_dim, tiles, used)
+    ops.hot_dots(keys=bits.reshape(batch, seq_heads, tiles, head_dim, 16).numpy(),
+                 query=query.reshape(batch, seq_heads, group, head_dim).numpy(),
+                 out=out.view(batch, seq_heads, group, used).numpy(), importance=token_importance.numpy(),
+                 aggregation=aggregation)
     expected = torch.matmul(query, keys[..., :used].float())
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     by_sequence = expected.reshape(batch, seq_heads, group, used)
@@ -47,19 +49,24 @@ def test_a_pool_scores_as_torch_whichever_computes_it(dtype, compiled, group, ag
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"used": 113}, "used <= tiles x 16"),
-    ({"key_bytes": 1}, "bfloat16"),
-    ({"group": 0}, "group"),
-    ({"seq_heads": 2}, "multiple of seq_heads"),
-    ({"aggregation": 2}, "aggregation"),
-    ({"query": np.zeros((3, 2, 63), dtype=np.float32)}, "does not match"),
-    ({"out": np.zeros((3, 2, 10), dtype=np.float32)}, "does not match"),
-    ({"importance": np.zeros((1, 10), dtype=np.float32)}, "does not match"),
+    ({"out": np.zeros((1, 3, 2, 113), dtype=np.float32), "importance": np.zeros((1, 113), dtype=np.float32)},
+     "^out: .*at most tiles x 16 = 112$"),
+    ({"keys": np.zeros((1, 3, 7, 64, 16), dtype=np.int8)}, "^keys: int8 .*need C-contiguous float32 or int16"),
+    ({"keys": np.zeros((1, 3, 7, 64, 8), dtype=np.int16)}, "^keys: tiles of 8 tokens, not 16$"),
+    ({"keys": np.zeros((3, 7, 64, 16), dtype=np.int16)}, "^keys: shape \\(3, 7, 64, 16\\), need 5 dimensions$"),
+    ({"query": np.zeros((1, 3, 0, 64), dtype=np.float32), "out": np.zeros((1, 3, 0, 100), dtype=np.float32)},
+     "^out: 0 query heads"),
+    ({"query": np.zeros((1, 2, 2, 64), dtype=np.float32)}, "^query: shape .* does not match keys'"),
+    ({"aggregation": "mean"}, "^aggregation: 'mean'"),
+    ({"query": np.zeros((1, 3, 2, 63), dtype=np.float32)}, "^query: shape .* does not match"),
+    ({"query": np.zeros((1, 3, 2, 64), dtype=np.float64)}, "^query: float64"),
+    ({"query": np.zeros((1, 3, 64, 2), dtype=np.float32).transpose(0, 1, 3, 2)}, "^query: .*not C-contiguous"),
+    ({"out": np.zeros((1, 3, 1, 100), dtype=np.float32)}, "^out: shape .* does not match"),
+    ({"importance": np.zeros((1, 10), dtype=np.float32)}, "^importance: shape .* does not match"),
 ])
 def test_bad_shapes_are_refused(change, message):
-    call = {"keys": np.zeros((3, 7, 64, 16), dtype=np.int16), "query": np.zeros((3, 2, 64), dtype=np.float32),
-            "out": np.zeros((3, 2, 100), dtype=np.float32), "importance": np.zeros((1, 100), dtype=np.float32),
-            "aggregation": 0, "key_bytes": 2, "heads": 3, "seq_heads": 3, "group": 2, "head_dim": 64, "tiles": 7,
-            "used": 100} | change
+    call = {"keys": np.zeros((1, 3, 7, 64, 16), dtype=np.int16), "query": np.zeros((1, 3, 2, 64), dtype=np.float32),
+            "out": np.zeros((1, 3, 2, 100), dtype=np.float32), "importance": np.zeros((1, 100), dtype=np.float32),
+            "aggregation": "sum"} | change
     with pytest.raises(ValueError, match=message):
-        _hot_dots.dots(*call.values())
+        ops.hot_dots(**call)

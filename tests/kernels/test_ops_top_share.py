@@ -4,7 +4,7 @@ index, NaN lowest; over a row continued by more scores, the same as over the joi
 import numpy as np
 import pytest
 
-from kvtier.kernels.top_share import split, top_share
+from kvtier.kernels import ops
 
 
 def _scores(kind: str, rng: np.random.Generator, rows: int, n: int) -> np.ndarray:
@@ -30,20 +30,34 @@ def test_top_share_takes_the_largest_in_index_order_and_ties_to_the_lowest_index
         count = int(rng.integers(1, n + 1))
         scores = _scores(kind, rng, rows, n)
         ranked = np.where(np.isnan(scores), -np.inf, scores)  # NaN ranks lowest
-        chosen = top_share(scores, count)
+        chosen = ops.top_share(scores, count=count)
         for row in range(rows):  # a stable sort by descending score, then back into index order
             expected = np.sort(np.lexsort((np.arange(n), -ranked[row].astype(np.float64)))[:count])
             assert chosen[row].tolist() == expected.tolist()
 
 
 def test_top_share_of_nothing_and_bad_shapes():
-    assert top_share(np.zeros((3, 5), dtype=np.float32), 0).shape == (3, 0)
-    with pytest.raises(ValueError, match="count"):
-        top_share(np.zeros((3, 5), dtype=np.float32), 6)
-    with pytest.raises(ValueError, match="count"):
-        top_share(np.zeros((3, 5), dtype=np.float32), 9, more=np.zeros((3, 3), dtype=np.float32))
-    with pytest.raises(ValueError, match="does not match"):
-        top_share(np.zeros((3, 5), dtype=np.float32), 2, more=np.zeros((2, 3), dtype=np.float32))
+    assert ops.top_share(np.zeros((3, 5), dtype=np.float32), count=0).shape == (3, 0)
+    with pytest.raises(ValueError, match="^count: 6 of a row of 5 \\+ 0 scores$"):
+        ops.top_share(np.zeros((3, 5), dtype=np.float32), count=6)
+    with pytest.raises(ValueError, match="^count: "):
+        ops.top_share(np.zeros((3, 5), dtype=np.float32), count=9, more=np.zeros((3, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="^count: "):
+        ops.top_share(np.zeros((3, 5), dtype=np.float32), count=-1)
+    with pytest.raises(ValueError, match="^more: .*does not match"):
+        ops.top_share(np.zeros((3, 5), dtype=np.float32), count=2, more=np.zeros((2, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="^scores: shape \\(5,\\), need \\[rows, n\\]$"):
+        ops.top_share(np.zeros(5, dtype=np.float32), count=2)
+
+
+def test_scores_of_another_dtype_or_layout_are_converted():
+    """float64 scores, and a row-strided slice (the scorer's block of a longer row), rank as float32 ones."""
+    scores = np.random.default_rng(1).standard_normal((3, 40))
+    expected = ops.top_share(scores.astype(np.float32), count=7)
+    assert np.array_equal(ops.top_share(scores, count=7), expected)
+    wide = np.zeros((3, 50), dtype=np.float32)
+    wide[:, :40] = scores
+    assert np.array_equal(ops.top_share(wide[:, :40], count=7), expected)
 
 
 @pytest.mark.parametrize("kind", ["distinct", "ties", "nan"])
@@ -55,8 +69,8 @@ def test_a_row_continued_by_more_scores_ranks_as_the_joined_row(kind):
             continue
         scores = _scores(kind, rng, rows, n + m)
         count = int(rng.integers(1, n + m + 1))
-        joined = top_share(scores, count)
-        assert np.array_equal(top_share(scores[:, :n], count, more=scores[:, n:]), joined)
+        joined = ops.top_share(scores, count=count)
+        assert np.array_equal(ops.top_share(scores[:, :n], count=count, more=scores[:, n:]), joined)
 
 
 def test_the_split_gives_each_part_its_positions_count_and_chosen():
@@ -66,14 +80,15 @@ def test_the_split_gives_each_part_its_positions_count_and_chosen():
     pool = rng.integers(0, 10**6, size=(rows, n + 14))
     first, more = pool[:, :n], rng.integers(0, 10**6, size=(rows, m))
     scores = rng.standard_normal((rows, n + m)).astype(np.float32)
-    chosen = top_share(scores[:, :n], count, more=scores[:, n:])
-    parts = split(chosen, first, more)
+    chosen = ops.top_share(scores[:, :n], count=count, more=scores[:, n:])
+    counts, indices, positions, more_chosen = ops.split_chosen(chosen, positions=first, more_positions=more)
     joined = np.concatenate([first, more], axis=1)
     for row in range(rows):
-        assert parts.positions[row].tolist() == joined[row, chosen[row]].tolist()
-        assert parts.counts[row] == (chosen[row] < n).sum()
-        assert parts.indices[row].tolist() == chosen[row][chosen[row] < n].tolist() + [0] * (count - parts.counts[row])
-        assert np.flatnonzero(parts.more_chosen[row]).tolist() == (chosen[row][chosen[row] >= n] - n).tolist()
+        assert positions[row].tolist() == joined[row, chosen[row]].tolist()
+        assert counts[row] == (chosen[row] < n).sum()
+        assert indices[row].tolist() == chosen[row][chosen[row] < n].tolist() + [0] * (count - counts[row])
+        assert np.flatnonzero(more_chosen[row]).tolist() == (chosen[row][chosen[row] >= n] - n).tolist()
+    assert more_chosen.dtype == bool
 
 
 @pytest.mark.parametrize("chosen, message", [
@@ -83,4 +98,14 @@ def test_the_split_gives_each_part_its_positions_count_and_chosen():
 ])
 def test_a_split_of_indices_that_are_no_choice_is_refused(chosen, message):
     with pytest.raises(ValueError, match=message):
-        split(chosen, np.arange(5)[None], np.arange(3)[None])
+        ops.split_chosen(chosen, positions=np.arange(5)[None], more_positions=np.arange(3)[None])
+
+
+@pytest.mark.parametrize("positions, more_positions, message", [
+    (np.arange(10).reshape(2, 5), np.arange(3)[None], "^positions, more_positions: 2 and 1 rows do not match"),
+    (np.arange(5)[None], np.arange(6).reshape(2, 3), "^positions, more_positions: 1 and 2 rows do not match"),
+    (np.arange(5), np.arange(3)[None], "^chosen, positions, more_positions: shapes"),
+])
+def test_a_split_over_positions_of_other_rows_is_refused(positions, more_positions, message):
+    with pytest.raises(ValueError, match=message):
+        ops.split_chosen(np.array([[0, 1, 2]]), positions=positions, more_positions=more_positions)

@@ -3,21 +3,25 @@ import pytest
 import torch
 from exact_values import small_integers
 
-from kvtier.kernels import _chosen_values
+from kvtier.kernels import ops
 from kvtier.sparse.selection import weighs_in_place
 
-pytestmark = pytest.mark.skipif(not _chosen_values.vectorized, reason="the kernel needs AVX2 and FMA")
+pytestmark = pytest.mark.skipif(not ops.VECTORIZED, reason="the kernel needs AVX2 and FMA")
+
+
+def _rows(values, buffer=None):
+    """`values` [batch, heads, pool, head_dim] as ops.Rows, viewed in `buffer` (its buffer) where given."""
+    buffer = values if buffer is None else buffer
+    bits = buffer.view(torch.int16) if buffer.dtype == torch.bfloat16 else buffer
+    return ops.Rows(bits.numpy(), values.storage_offset(), values.stride()[:3], values.shape)
 
 
 def _weighted(values, slots, counts, weights, start, rows=None):
     """The kernel's sum over `values` [batch, heads, pool, head_dim], viewed in `rows` (its buffer) where given."""
-    batch, heads, group, stride = weights.shape
+    batch, heads, group, _ = weights.shape
     out = torch.full((batch, heads, group, values.shape[3]), float("nan"))
-    rows = values if rows is None else rows
-    bits = rows.view(torch.int16) if rows.dtype == torch.bfloat16 else rows
-    _chosen_values.weighted(bits.numpy(), values.storage_offset(), *values.stride()[:3], slots, counts, weights.numpy(),
-                            out.numpy(), values.element_size(), batch, heads, group, values.shape[2], slots.shape[1],
-                            stride, start, values.shape[3])
+    ops.weighted_values(values=_rows(values, rows), slots=slots, counts=counts, weights=weights.numpy(),
+                        out=out.numpy(), start=start)
     return out
 
 
@@ -66,24 +70,29 @@ def test_rows_at_any_strides_are_read_where_they_lie(dtype):
     (dict(count=9), "exceeds the width"),
     (dict(count=-1), "exceeds the width"),
     (dict(head_dim=12), "multiple of 8"),
-    (dict(start=3), "within each weight row"),
-    (dict(out_rows=1), "does not match"),
+    (dict(start=3), "^start: .*within each weight row"),
+    (dict(start=-1), "^start: .*within each weight row"),
+    (dict(out_rows=1), "^weights: shape .* does not match"),
     (dict(first=1), "within their buffer"),
     (dict(first=-1), "within their buffer"),
+    (dict(slots_dtype=np.int32), "^slots: int32"),
+    (dict(counts_length=3), "^counts: shape .* does not match"),
+    (dict(weights_dtype=np.float64), "^weights: float64"),
+    (dict(values_heads=2), "^values: shape .* does not match out's"),
 ])
 def test_bad_input_is_refused_not_read(change, message):
     batch, heads, group, pool, width = 2, 1, 2, 120, 8
     head_dim = change.get("head_dim", 16)
-    values = torch.zeros(batch, heads, pool, head_dim)
-    slots = np.zeros((batch, width), dtype=np.int64)
+    values = torch.zeros(batch, change.get("values_heads", heads), pool, head_dim)
+    slots = np.zeros((batch, width), dtype=change.get("slots_dtype", np.int64))
     slots[1, 2] = change.get("slot", 0)
-    counts = np.array([width, change.get("count", width)], dtype=np.int64)
-    weights = torch.zeros(batch, heads, group, 10)
+    counts = np.array([width, change.get("count", width)] + [0] * (change.get("counts_length", 2) - 2), dtype=np.int64)
+    weights = np.zeros((batch, heads, group, 10), dtype=change.get("weights_dtype", np.float32))
     out = torch.zeros(batch, heads, group - change.get("out_rows", 0), head_dim)
+    rows = ops.Rows(values.numpy(), change.get("first", 0), values.stride()[:3], values.shape)
     with pytest.raises(ValueError, match=message):
-        _chosen_values.weighted(values.numpy(), change.get("first", 0), *values.stride()[:3], slots, counts,
-                                weights.numpy(), out.numpy(), 4, batch, heads, group, pool, width, 10,
-                                change.get("start", 2), head_dim)
+        ops.weighted_values(values=rows, slots=slots, counts=counts, weights=weights, out=out.numpy(),
+                            start=change.get("start", 2))
 
 
 def test_only_pools_the_kernel_reads_are_weighed_in_place():
@@ -96,14 +105,12 @@ def test_only_pools_the_kernel_reads_are_weighed_in_place():
 
 def _attend(sources, batch, heads, group, head_dim, scaling):
     out = torch.full((batch, heads, group, head_dim), float("nan"))
-    _chosen_values.attend(tuple(sources), out.numpy(), batch, heads, group, head_dim, scaling)
+    ops.attend(sources=tuple(sources), out=out.numpy(), scaling=scaling)
     return out
 
 
 def _source(logits, values, slots=None, counts=None):
-    bits = values.view(torch.int16) if values.dtype == torch.bfloat16 else values
-    return (logits.numpy(), logits.shape[3], bits.numpy(), values.storage_offset(), *values.stride()[:3],
-            values.element_size(), values.shape[2], b"" if slots is None else slots, b"" if counts is None else counts)
+    return ops.Source(logits=logits.numpy(), values=_rows(values), slots=slots, counts=counts)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -150,31 +157,37 @@ def test_the_exponentials_are_those_of_expf_and_nothing_below_the_range():
 @pytest.mark.parametrize("change, message", [
     (dict(slot=90), "outside the pool"),
     (dict(count=3), "exceeds the width"),
-    (dict(logits=1), "logits do not match"),
+    (dict(logits=1), "^sources\\[1\\].slots: shape .* does not match its logits'"),
     (dict(width=91), "more rows than the pool"),
     (dict(first=1), "within their buffer"),
-    (dict(value_bytes=8), "bfloat16 .2 bytes. or float32"),
-    (dict(sources=0), "1 to 8 sources"),
-    (dict(sources=9), "1 to 8 sources"),
+    (dict(value_dtype=np.float64), "^sources\\[1\\].values.buffer: float64 .*need C-contiguous float32 or int16"),
+    (dict(sources=0), "^sources: 0 of them, attend takes 1 to 8 sources"),
+    (dict(sources=9), "^sources: 9 of them, attend takes 1 to 8 sources"),
+    (dict(logits_group=1), "^sources\\[1\\].logits: shape .* does not match out's"),
+    (dict(counts_dtype=np.int32), "^sources\\[1\\].counts: int32"),
+    (dict(values_dim=16), "^sources\\[1\\].values: shape .* does not match out's"),
 ])
 def test_bad_sources_are_refused_not_read(change, message):
     batch, heads, group, head_dim, pool = 2, 1, 2, 8, 90
     values = torch.zeros(batch, heads, pool, head_dim)
+    pooled_values = np.zeros((batch, heads, pool, change.get("values_dim", head_dim)),
+                             dtype=change.get("value_dtype", np.float32))
     slots = np.zeros((batch, 2), dtype=np.int64)
     slots[1, 1] = change.get("slot", 0)
-    pooled = (torch.zeros(batch, heads, group, 2 + change.get("logits", 0)).numpy(), 2, values.numpy(),
-              change.get("first", 0), *values.stride()[:3], change.get("value_bytes", 4), pool, slots,
-              np.array([2, change.get("count", 2)], dtype=np.int64))
+    pooled = ops.Source(np.zeros((batch, heads, change.get("logits_group", group), 2 + change.get("logits", 0)),
+                                 dtype=np.float32),
+                        ops.Rows(pooled_values, change.get("first", 0), values.stride()[:3], pooled_values.shape),
+                        slots, np.array([2, change.get("count", 2)], dtype=change.get("counts_dtype", np.int64)))
     width = change.get("width", pool)
-    whole = (torch.zeros(batch, heads, group, width).numpy(), width, values.numpy(), 0, *values.stride()[:3], 4, pool,
-             b"", b"")
+    whole = ops.Source(torch.zeros(batch, heads, group, width).numpy(),
+                       ops.Rows(values.numpy(), 0, values.stride()[:3], values.shape))
     sources = (whole, pooled) if "sources" not in change else (whole,) * change["sources"]
     out = torch.zeros(batch, heads, group, head_dim)
     with pytest.raises(ValueError, match=message):
-        _chosen_values.attend(sources, out.numpy(), batch, heads, group, head_dim, 1.0)
+        ops.attend(sources=sources, out=out.numpy(), scaling=1.0)
 
 
 def test_a_source_that_is_not_a_source_tuple_is_refused():
     out = torch.zeros(1, 1, 1, 8)
-    with pytest.raises(TypeError, match="a source is"):
-        _chosen_values.attend(((1, 2),), out.numpy(), 1, 1, 1, 8, 1.0)
+    with pytest.raises(TypeError, match="^sources\\[0\\]: a source is a Source"):
+        ops.attend(sources=((1, 2),), out=out.numpy(), scaling=1.0)

@@ -3,10 +3,10 @@ import pytest
 import torch
 from exact_values import small_integers
 
-from kvtier.kernels import _candidate_dots
+from kvtier.kernels import ops
 from kvtier.sparse.hot.hot_pool import importance
 
-pytestmark = pytest.mark.skipif(not _candidate_dots.vectorized, reason="the kernel needs AVX2 and FMA")
+pytestmark = pytest.mark.skipif(not ops.VECTORIZED, reason="the kernel needs AVX2 and FMA")
 
 
 def _dots(keys, query, counts, aggregation, rows=None):
@@ -17,9 +17,9 @@ def _dots(keys, query, counts, aggregation, rows=None):
     token_importance = torch.full((batch, keys.shape[2]), float("nan"))
     rows = keys if rows is None else rows
     bits = rows.view(torch.int16) if rows.dtype == torch.bfloat16 else rows
-    _candidate_dots.dots(bits.numpy(), keys.storage_offset(), *keys.stride()[:3], query.numpy(),
-                         np.array(counts, dtype=np.int64), out.numpy(), token_importance.numpy(), keys.element_size(),
-                         batch, heads, group, keys.shape[2], head_dim, int(aggregation == "max"))
+    ops.candidate_dots(keys=ops.Rows(bits.numpy(), keys.storage_offset(), keys.stride()[:3], keys.shape),
+                       query=query.numpy(), counts=np.array(counts, dtype=np.int64), out=out.numpy(),
+                       importance=token_importance.numpy(), aggregation=aggregation)
     return out, token_importance
 
 
@@ -61,21 +61,26 @@ def test_keys_in_token_records_are_read_where_they_lie(dtype):
     (dict(count=9), "exceeds the width"),
     (dict(count=-1), "exceeds the width"),
     (dict(head_dim=12), "multiple of 8"),
-    (dict(aggregation=2), "aggregation"),
-    (dict(key_bytes=8), "bfloat16"),
-    (dict(out_rows=1), "does not match"),
+    (dict(aggregation="mean"), "^aggregation: 'mean'"),
+    (dict(key_dtype=np.float64), "^keys.buffer: float64 .*need C-contiguous float32 or int16"),
+    (dict(out_rows=1), "^out: shape .* does not match"),
     (dict(first=1), "within their buffer"),
     (dict(first=-1), "within their buffer"),
+    (dict(query_heads=2), "^keys: shape .* does not match query's"),
+    (dict(counts_dtype=np.int32), "^counts: int32"),
+    (dict(counts_length=3), "^counts: shape \\(3,\\) does not match"),
+    (dict(importance_width=7), "^importance: shape .* does not match"),
 ])
 def test_bad_input_is_refused_not_read(change, message):
     batch, heads, group, width = 2, 1, 2, 8
     head_dim = change.get("head_dim", 16)
-    keys = torch.zeros(batch, heads, width, head_dim)
-    query = torch.zeros(batch, heads, group, head_dim)
-    counts = np.array([width, change.get("count", width)], dtype=np.int64)
-    out = torch.zeros(batch, heads, group - change.get("out_rows", 0), width)
-    token_importance = torch.zeros(batch, width)
+    keys = np.zeros((batch, heads, width, head_dim), dtype=change.get("key_dtype", np.float32))
+    rows = ops.Rows(keys, change.get("first", 0), tuple(np.array(keys.strides[:3]) // keys.itemsize), keys.shape)
+    query = np.zeros((batch, change.get("query_heads", heads), group, head_dim), dtype=np.float32)
+    counts = np.array([width, change.get("count", width)] + [0] * (change.get("counts_length", 2) - 2),
+                      dtype=change.get("counts_dtype", np.int64))
+    out = np.zeros((batch, heads, group - change.get("out_rows", 0), width), dtype=np.float32)
+    token_importance = np.zeros((batch, change.get("importance_width", width)), dtype=np.float32)
     with pytest.raises(ValueError, match=message):
-        _candidate_dots.dots(keys.numpy(), change.get("first", 0), *keys.stride()[:3], query.numpy(), counts,
-                             out.numpy(), token_importance.numpy(), change.get("key_bytes", 4), batch, heads, group,
-                             width, head_dim, change.get("aggregation", 0))
+        ops.candidate_dots(keys=rows, query=query, counts=counts, out=out, importance=token_importance,
+                           aggregation=change.get("aggregation", "sum"))

@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.kernels import _summed_query
+from kvtier.kernels import ops
 from kvtier.sparse.lookahead import FoldedProjection
 
-pytestmark = pytest.mark.skipif(not _summed_query.vectorized, reason="the kernel needs AVX2 and FMA")
+pytestmark = pytest.mark.skipif(not ops.VECTORIZED, reason="the kernel needs AVX2 and FMA")
 
 
 def _projection(kv_heads: int, head_dim: int, width: int, bias: bool, seed: int) -> FoldedProjection:
@@ -27,25 +27,33 @@ def test_the_compiled_query_is_torchs_within_float_rounding(monkeypatch, batch, 
     hidden = (torch.randn(batch, width, generator=torch.Generator().manual_seed(batch)) * 3.0).requires_grad_()
     rotation = _rotation(rotations, 16, seed=rotations)
     compiled = projection.summed_query(hidden, rotation)
-    monkeypatch.setattr(_summed_query, "vectorized", 0)  # the same call through torch's ops
+    monkeypatch.setattr(ops, "VECTORIZED", False)  # the same call through torch's ops
     reference = projection.summed_query(hidden, rotation)
     assert compiled.shape == reference.shape == (batch, 2, 1, 16)
     torch.testing.assert_close(compiled, reference, rtol=1e-5, atol=1e-5)
 
 
+def _zeros(*shape):
+    return np.zeros(shape, dtype=np.float32)
+
+
 @pytest.mark.parametrize("change, message", [
-    ({"head_dim": 15}, "even head_dim"),
-    ({"rows": 40}, "multiple"),
-    ({"batch": 0}, "batch"),
-    ({"hidden": np.zeros((2, 63), dtype=np.float32)}, "does not match"),
-    ({"bias": np.zeros(31, dtype=np.float32)}, "does not match"),
-    ({"rotation": np.zeros((2, 2, 12), dtype=np.float32)}, "does not match"),
-    ({"out": np.zeros((2, 16), dtype=np.float32)}, "does not match"),
+    ({"rotation": _zeros(2, 2, 15), "weight": _zeros(30, 64), "out": _zeros(2, 2, 15)}, "even head_dim"),
+    ({"weight": _zeros(40, 64)}, "^weight: 40 rows are not a whole number of heads of rotation's head_dim 16$"),
+    ({"rotation": _zeros(2, 2, 0)}, "^weight: .*head_dim 0$"),
+    ({"hidden": _zeros(0, 64), "rotation": _zeros(1, 2, 16), "out": _zeros(0, 2, 16)}, "batch"),
+    ({"hidden": _zeros(2, 63)}, "^weight: shape .* does not match hidden's"),
+    ({"bias": _zeros(31)}, "^bias: shape .* does not match weight's"),
+    ({"bias": np.zeros(32)}, "^bias: float64"),
+    ({"rotation": _zeros(3, 2, 16)}, "^rotation: shape \\(3, 2, 16\\) does not match \\[1 or batch 2, 2, head_dim\\]$"),
+    ({"rotation": _zeros(2, 3, 16)}, "^rotation: shape .* does not match"),
+    ({"rotation": _zeros(2, 2, 12)}, "^weight: 32 rows are not a whole number of heads"),
+    ({"out": _zeros(2, 32)}, "^out: shape \\(2, 32\\) does not match \\[batch, heads, head_dim\\] .* \\(2, 2, 16\\)$"),
+    ({"out": _zeros(2, 1, 16)}, "^out: shape .* does not match"),
+    ({"hidden": _zeros(64, 2).T}, "^hidden: .*not C-contiguous"),
 ])
 def test_bad_shapes_are_refused(change, message):
-    call = {"hidden": np.zeros((2, 64), dtype=np.float32), "weight": np.zeros((32, 64), dtype=np.float32),
-            "bias": b"", "rotation": np.zeros((2, 2, 16), dtype=np.float32),
-            "out": np.zeros((2, 32), dtype=np.float32), "batch": 2, "width": 64, "rows": 32, "head_dim": 16,
-            "epsilon": 1e-6} | change
+    call = {"hidden": _zeros(2, 64), "weight": _zeros(32, 64), "bias": None, "rotation": _zeros(2, 2, 16),
+            "out": _zeros(2, 2, 16), "epsilon": 1e-6} | change
     with pytest.raises(ValueError, match=message):
-        _summed_query.summed_query(*call.values())
+        ops.summed_query(**call)

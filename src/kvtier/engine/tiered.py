@@ -1,0 +1,77 @@
+"""Tiered sequences: requests whose KV outgrows the paged pool, decoded in the same batched forward as the rest.
+
+A tiered sequence keeps its KV in a cache of its own (HillInfer's tiers: sink and recent window on the
+device, hot pool in host DRAM, cold pool on flash scored by the storage scorer), made by a
+`TierProvider` that the layer above the engine supplies (the engine imports no KV mode). In a forward,
+the paged attention hands a tiered sequence's tokens to its `SequenceKV.attend`, which stores them and
+attends: dense over the prompt while it prefills, sparse selection and exact attention once it decodes.
+
+Budgets are the engine's. The device budget is the paged pool: a tiered sequence reserves pool blocks
+for its device window (sink + recent + the tokens waiting to retire, every layer), which it keeps in
+tensors of its own, so paged and tiered KV together never exceed it. The host budget is split into
+`max_tiered_seqs` equal shares, one per running tiered sequence's hot pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class SequenceKV(Protocol):
+    """One tiered sequence's KV (batch 1), as the engine drives it."""
+
+    def attend(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scaling: float | None, sliding_window: int | None) -> torch.Tensor:
+        """Store the step's new K/V [1, Hkv, q, D] of layer `module.layer_idx` and attend the queries [1, Hq, q, D]
+        (the sequence's next q tokens) over the sequence's KV; returns [1, Hq, q, D]."""
+
+    def locate(self, row: int) -> None:
+        """The sequence's last token sits at `row` of the next forward's packed tokens."""
+
+    def prompt_done(self) -> None:
+        """Every prompt token is in: tier the prompt's KV (and store the document) before the first decode."""
+
+    def tier_bytes(self) -> dict[str, int]:
+        """KV bytes held now per tier ("device", "host", "storage")."""
+
+    def close(self) -> None:
+        """Release every tier (device window, host pool, files). Safe to call more than once."""
+
+
+class TierProvider(Protocol):
+    """Makes a tiered sequence's KV."""
+
+    def window_tokens(self) -> int:
+        """Tokens per layer a tiered sequence keeps on the device."""
+
+    def check(self, host_budget: int) -> None:
+        """Raise ConfigError when a sequence's share of the host budget cannot hold a hot pool."""
+
+    def open(self, prompt_ids: list[int], max_tokens: int, device_budget: int, host_budget: int
+             ) -> tuple[SequenceKV, int]:
+        """A fresh KV for a sequence of up to `max_tokens` tokens whose prompt is `prompt_ids`, and how many leading
+        prompt tokens are already in it (a stored document's prefix)."""
+
+    def counters(self) -> dict[str, int]:
+        """Totals over every tiered sequence so far, by name (e.g. bytes read from cold pools), for /metrics."""
+
+
+@dataclass(frozen=True)
+class TierBudgets:
+    """What each tiered sequence may hold: its device window's bytes (reserved as pool blocks) and host share."""
+
+    device_blocks: int  # pool blocks reserved per tiered sequence
+    device_bytes: int
+    host_bytes: int
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """The engine's tiered sequences: who makes their KV, what each may hold, how many run at once."""
+
+    provider: TierProvider
+    budgets: TierBudgets
+    max_seqs: int

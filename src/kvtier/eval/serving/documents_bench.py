@@ -1,0 +1,227 @@
+"""`kvtier bench http --workload documents`: long documents' questions served together, tiered, against serving them
+one at a time and against the paged engine alone.
+
+Four documents of about `document_tokens` tokens (the packaged corpus, each with two planted facts)
+are stored first (one untimed request each fills the document KV store); then every client streams
+one question at once, two per document, `new_tokens` greedy tokens each. Three servers, fresh for
+each run, in alternating order over the repeats:
+
+    tiered   the engine with tiered sequences, `max_tiered_seqs` at once, each with an equal share of the
+             host budget
+    serial   the same engine and per-sequence budgets, one tiered sequence at a time (how long prompts
+             were served before: a single worker)
+    paged    the engine alone, its device pool as large as the tiered run's device and host budgets
+             together (it admits the prompts), flash swap, no document store
+
+Reported per server: aggregate decode throughput, time to first token and inter-token latency
+(p50 / p99), bytes read from disk per generated token (cold pools and the store for tiered sequences,
+swap-ins for paged), the peak device and host KV bytes sampled from /metrics during the run against the
+budgets, and whether every answer matches the tiered run's and names its fact.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvtier.data.corpus import load_corpus
+from kvtier.data.needle import build_haystack, make_needles, score_answer
+from kvtier.docstore.document_store import DocumentStore
+from kvtier.engine.serving_engine import EngineConfig
+from kvtier.eval.accuracy.corpus_slice import CHARS_PER_TOKEN_BOUND, corpus_slice
+from kvtier.eval.serving.documents_workload import DocumentsWorkload
+from kvtier.eval.serving.http_bench import SERVED_NAME, percentile
+from kvtier.eval.serving.load_client import LevelRun, drive
+from kvtier.http.app import create_app
+from kvtier.http.backend import ServerSettings, build_backend
+from kvtier.http.runner import ServerThread
+from kvtier.kv_config import KVConfig
+from kvtier.tiered_kv import SparseTiers
+from kvtier.units import parse_size
+
+SERVERS = ("tiered", "serial", "paged")
+QUESTIONS_PER_DOCUMENT = 2
+SAMPLE_S = 0.25  # how often /metrics is read for the peak KV bytes
+
+
+@dataclass(frozen=True)
+class Question:
+    prompt: str
+    expected: str
+    document: int
+
+
+def questions(llm: Any, workload: DocumentsWorkload) -> list[Question]:
+    """Two questions per document, each asking for one of the document's two planted facts."""
+    corpus = load_corpus("auto", CHARS_PER_TOKEN_BOUND * workload.document_tokens * (workload.documents + 1),
+                         progress=False)
+    asked = []
+    for number in range(workload.documents):
+        needles = make_needles(QUESTIONS_PER_DOCUMENT, seed=number)
+        text = corpus_slice(corpus.text, number, workload.document_tokens)
+        for ask in range(QUESTIONS_PER_DOCUMENT):
+            prompt = build_haystack(llm.tokenizer, text, workload.document_tokens, needles, [0.3, 0.7], ask)
+            asked.append(Question(prompt.prompt, prompt.expected, number))
+    return asked
+
+
+def run_documents_benchmark(llm: Any, workload: DocumentsWorkload, base: EngineConfig, directory: Path,
+                            say=print) -> dict[str, Any]:
+    """Every server's runs over `workload.repeats` alternating repeats, as one JSON-ready dict."""
+    asked = questions(llm, workload)
+    prompts = [question.prompt for question in asked]
+    configs = _configs(base, workload)
+    store_dir = directory / "bench-documents-store"
+    DocumentStore(store_dir).clear()
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SERVERS}
+    clients = ProcessPoolExecutor(1, mp_context=get_context("spawn"))
+    try:
+        with _server(llm, configs["tiered"], store_dir, directory) as server:  # stores the documents, untimed
+            clients.submit(drive, server.url, SERVED_NAME, prompts[::QUESTIONS_PER_DOCUMENT], workload.documents,
+                           1).result()
+        for repeat in range(workload.repeats):
+            for name in SERVERS if repeat % 2 == 0 else tuple(reversed(SERVERS)):
+                with _server(llm, configs[name], store_dir if name != "paged" else None, directory) as server:
+                    with _Sampler(server.url) as peaks:
+                        run = clients.submit(drive, server.url, SERVED_NAME, prompts, len(prompts),
+                                             workload.new_tokens).result()
+                    cell = _cell(run, peaks, asked, server.url)
+                runs[name].append(cell)
+                say(f"[bench http documents] repeat {repeat + 1}/{workload.repeats} {name}: "
+                    f"{cell['tokens_per_s']:.2f} tok/s, TTFT p99 {cell['ttft_p99_s']:.1f} s, "
+                    f"{cell['correct']}/{len(asked)} facts")
+    finally:
+        clients.shutdown()
+    reference = runs["tiered"][0]["texts"]
+    return {"workload": asdict(workload), "questions": len(asked),
+            "budgets": {"device": parse_size(workload.device_kv_budget), "host": parse_size(workload.host_kv_budget)},
+            "servers": {name: _summary(cells, reference) for name, cells in runs.items()},
+            "engines": {name: asdict(config) for name, config in configs.items()}}
+
+
+def _configs(base: EngineConfig, workload: DocumentsWorkload) -> dict[str, EngineConfig]:
+    device, host = parse_size(workload.device_kv_budget), parse_size(workload.host_kv_budget)
+    tiered = replace(base, device_kv_budget=device, host_kv_budget=host, max_tiered_seqs=workload.max_tiered_seqs,
+                     device_blocks=None)
+    return {"tiered": tiered,
+            "serial": replace(tiered, host_kv_budget=host // workload.max_tiered_seqs, max_tiered_seqs=1),
+            "paged": replace(tiered, device_kv_budget=device + host)}
+
+
+class _server:
+    """A server for `config` on a thread: tiered sequences with the store in `store_dir` (None: paged only)."""
+
+    def __init__(self, llm: Any, config: EngineConfig, store_dir: Path | None, directory: Path) -> None:
+        tiers = None
+        if store_dir is not None:
+            tiers = SparseTiers(llm, KVConfig(kv="sparse", storage_dir=str(directory)), DocumentStore(store_dir))
+        flash = str(directory / "bench-documents.kvc")
+        self._backend = build_backend(llm, replace(config, flash_path=flash), ServerSettings(SERVED_NAME), tiers)
+        self._thread = ServerThread(create_app(self._backend))
+
+    def __enter__(self) -> ServerThread:
+        return self._thread
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.stop()
+
+
+class _Sampler:
+    """Reads /metrics every SAMPLE_S seconds while the run lasts; keeps the peak device and host KV bytes."""
+
+    def __init__(self, url: str) -> None:
+        self._url, self._stop = url, threading.Event()
+        self.device = self.host = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            kv = kv_bytes(scrape(self._url))
+            self.device = max(self.device, kv[("paged", "device")] + kv[("tiered", "device")])
+            self.host = max(self.host, kv[("tiered", "host")])
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(url + "/metrics").text
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def kv_bytes(metrics: dict[tuple[str, tuple], float]) -> dict[tuple[str, str], float]:
+    values = {(dict(labels)["path"], dict(labels)["tier"]): value
+              for (name, labels), value in metrics.items() if name == "kvtier:kv_bytes"}
+    return {key: values.get(key, 0.0) for key in [("paged", "device"), ("tiered", "device"), ("tiered", "host")]}
+
+
+def _cell(run: LevelRun, peaks: _Sampler, asked: list[Question], url: str) -> dict[str, Any]:
+    metrics = scrape(url)
+    read = sum(metrics.get((name, ()), 0.0) for name in
+               ("kvtier:tiered_cold_read_bytes_total", "kvtier:tiered_kv_store_read_bytes_total",
+                "kvtier:swap_in_bytes_total"))
+    return {"tokens_per_s": run.tokens_per_s, "wall_s": run.wall_s,
+            "ttft_p50_s": percentile(run.ttft_s, 0.5), "ttft_p99_s": percentile(run.ttft_s, 0.99),
+            "itl_p50_s": percentile(run.itl_s, 0.5), "itl_p99_s": percentile(run.itl_s, 0.99),
+            "read_bytes_per_token": read / run.tokens, "peak_device_bytes": peaks.device,
+            "peak_host_bytes": peaks.host,
+            "correct": sum(score_answer(text, question.expected) for text, question in zip(run.texts, asked)),
+            "texts": run.texts}
+
+
+def _summary(cells: list[dict[str, Any]], reference: list[str]) -> dict[str, Any]:
+    """Medians with their spread over the repeats, the peaks' maxima, and how many answers match `reference`."""
+    summary: dict[str, Any] = {"runs": [{k: v for k, v in cell.items() if k != "texts"} for cell in cells]}
+    for name in ("tokens_per_s", "wall_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
+                 "read_bytes_per_token"):
+        values = [cell[name] for cell in cells]
+        summary[name] = statistics.median(values)
+        summary[f"{name}_spread"] = [min(values), max(values)]
+    summary["peak_device_bytes"] = max(cell["peak_device_bytes"] for cell in cells)
+    summary["peak_host_bytes"] = max(cell["peak_host_bytes"] for cell in cells)
+    summary["correct"] = min(cell["correct"] for cell in cells)
+    summary["same_answers"] = min(sum(a == b for a, b in zip(cell["texts"], reference)) for cell in cells)
+    return summary
+
+
+def render_documents_markdown(result: dict[str, Any]) -> str:
+    """One row per server; tiered vs serial and vs paged as ratios under the table."""
+    workload, servers, budgets = result["workload"], result["servers"], result["budgets"]
+    lines = [f"# Long documents served together: {result['model']}", "", f"`{result['command']}`", "",
+             f"{workload['documents']} stored documents of ~{workload['document_tokens']} tokens, "
+             f"{result['questions']} questions streamed at once, {workload['new_tokens']} tokens each; budgets: "
+             f"device {budgets['device'] >> 20} MiB, host {budgets['host'] >> 20} MiB; medians of "
+             f"{workload['repeats']} alternating repeats, spread in brackets.", "",
+             "| server | tok/s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms | read KiB/token "
+             "| peak device MiB | peak host MiB | facts | same answers |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, cell in servers.items():
+        lines.append(f"| {name} | {_spread(cell, 'tokens_per_s', 2)} | {_spread(cell, 'ttft_p50_s', 1)} | "
+                     f"{_spread(cell, 'ttft_p99_s', 1)} | {_spread(cell, 'itl_p50_s', 0, 1000)} | "
+                     f"{_spread(cell, 'itl_p99_s', 0, 1000)} | {_spread(cell, 'read_bytes_per_token', 0, 1 / 1024)} | "
+                     f"{cell['peak_device_bytes'] / 2**20:.0f} | {cell['peak_host_bytes'] / 2**20:.0f} | "
+                     f"{cell['correct']}/{result['questions']} | {cell['same_answers']}/{result['questions']} |")
+    tiered = servers["tiered"]
+    lines += ["", f"Tiered vs serial: throughput {tiered['tokens_per_s'] / servers['serial']['tokens_per_s']:.2f}x, "
+                  f"TTFT p99 {tiered['ttft_p99_s'] / servers['serial']['ttft_p99_s']:.2f}x; vs paged: throughput "
+                  f"{tiered['tokens_per_s'] / servers['paged']['tokens_per_s']:.2f}x.", ""]
+    return "\n".join(lines)
+
+
+def _spread(cell: dict[str, Any], name: str, digits: int, scale: float = 1.0) -> str:
+    low, high = cell[f"{name}_spread"]
+    return f"{cell[name] * scale:.{digits}f} [{low * scale:.{digits}f}-{high * scale:.{digits}f}]"

@@ -1,0 +1,107 @@
+"""Tiered sequences under the serving engine, on smollm2-135m: one engine, one model, paged and tiered decoding together.
+
+A pool of 24 blocks of 16 tokens holds short prompts; a ~600-token prompt becomes a tiered sequence (device
+window, host hot pool, cold pool on disk) and decodes in the same forwards as the paged ones.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kvtier.docstore.document_store import DocumentStore
+from kvtier.engine.sequence import SamplingParams
+from kvtier.engine.serving_engine import EngineConfig, LLMEngine
+from kvtier.errors import ConfigError
+from kvtier.kv_config import KVConfig
+from kvtier.tiered_kv import SparseTiers
+
+pytestmark = pytest.mark.model
+
+DOCUMENT = "A lighthouse keeper writes down every ship that passes the cape at night. " * 40  # ~600 tokens
+SHORT = "Name three uses of a lighthouse."
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from kvtier.models.loader import load_model
+
+    return load_model("smollm2-135m")
+
+
+def engine_config(directory: Path, **fields) -> EngineConfig:
+    return EngineConfig(**({"block_tokens": 16, "device_blocks": 24, "io_threads": 2, "swap_space": "16MiB",
+                            "flash_path": str(directory / "flash.kvc"), "host_kv_budget": "16MiB",
+                            "max_tiered_seqs": 4} | fields))
+
+
+def kv_files(directory: Path) -> list[str]:
+    return sorted(name for name in os.listdir(directory) if not name.startswith("flash"))
+
+
+def test_at_alpha_1_tiered_and_paged_sequences_decode_together_as_a_dense_engine_would(llm, tmp_path):
+    prompts = [DOCUMENT, SHORT, "The keeper's logbook says: " + DOCUMENT]
+    sampling = SamplingParams(max_new_tokens=12)
+    tiers = SparseTiers(llm, KVConfig(kv="sparse", alpha=1.0, storage_dir=str(tmp_path)))
+    with LLMEngine.from_llm(llm, engine_config(tmp_path), tiers) as engine:
+        outputs = engine.generate(prompts, sampling)
+        assert kv_files(tmp_path) == []  # every tiered sequence's cold-pool files are gone with it
+        assert engine.block_manager.num_free == 24
+    assert [output.tiered for output in outputs] == [True, False, True]
+    with LLMEngine.from_llm(llm, engine_config(tmp_path, device_blocks=None, device_kv_budget="256MiB")) as dense:
+        expected = dense.generate(prompts, sampling)
+    assert [output.token_ids for output in outputs] == [output.token_ids for output in expected]
+
+
+def test_tiered_sequences_run_at_most_max_tiered_seqs_at_once_within_their_host_shares(llm, tmp_path):
+    tiers = SparseTiers(llm, KVConfig(kv="sparse", storage_dir=str(tmp_path)))
+    with LLMEngine.from_llm(llm, engine_config(tmp_path, max_tiered_seqs=2, host_kv_budget="8MiB"), tiers) as engine:
+        for number in range(3):
+            engine.add_request(f"Logbook {number}. " + DOCUMENT, SamplingParams(max_new_tokens=4))
+        most, host = 0, 0
+        while engine.has_unfinished():
+            engine.step()
+            running = engine.scheduler.tiered_running()
+            most = max(most, len(running))
+            host = max([host] + [seq.kv.tier_bytes()["host"] for seq in running])
+        assert most == 2  # the third waited for a share
+        assert 0 < host <= 4 << 20  # no hot pool outgrew its half of the 8 MiB
+
+
+def test_a_host_budget_too_small_for_a_hot_pool_is_refused_in_one_line(llm, tmp_path):
+    tiers = SparseTiers(llm, KVConfig(kv="sparse", storage_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match="host KV budget"):
+        LLMEngine.from_llm(llm, engine_config(tmp_path, host_kv_budget="64KiB"), tiers)
+
+
+def test_requests_on_one_document_store_it_once_and_share_its_cold_pool(llm, tmp_path):
+    store = DocumentStore(tmp_path / "store")
+    storage = tmp_path / "kv"
+    storage.mkdir()
+    tiers = SparseTiers(llm, KVConfig(kv="sparse", storage_dir=str(storage)), store)
+    questions = ["\nWho keeps the logbook?", "\nWhat passes the cape?"]
+    with LLMEngine.from_llm(llm, engine_config(tmp_path), tiers) as engine:
+        engine.generate([DOCUMENT + questions[0]], SamplingParams(max_new_tokens=4))  # prefills and stores it
+        [entry] = store.entries()
+        first_bytes = entry.nbytes
+        written = []
+        for question in questions:  # two at once, both reading the stored document in place
+            engine.add_request(DOCUMENT + question, SamplingParams(max_new_tokens=4))
+        while engine.has_unfinished():
+            engine.step()
+            written = [seq.kv.cache.io_stats().bytes_written for seq in engine.scheduler.tiered_running()] or written
+        counters = tiers.counters()
+    assert len(store.entries()) == 1  # stored once
+    assert counters["reused_prompt_tokens"] > 0
+    assert max(written) <= 0.05 * first_bytes  # each question writes a few pages beside the shared document
+
+
+def test_a_second_request_for_a_document_being_stored_prefills_alongside_and_stores_nothing(llm, tmp_path):
+    store = DocumentStore(tmp_path / "store")
+    tiers = SparseTiers(llm, KVConfig(kv="sparse", storage_dir=str(tmp_path)), store)
+    with LLMEngine.from_llm(llm, engine_config(tmp_path), tiers) as engine:
+        outputs = engine.generate([DOCUMENT + "\nFirst?", DOCUMENT + "\nSecond?"], SamplingParams(max_new_tokens=3))
+    assert [len(output.token_ids) for output in outputs] == [3, 3]
+    assert len(store.entries()) == 1
