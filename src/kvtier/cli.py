@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="kvtier: %(levelname)s: %(message)s", handlers=[StderrHandler()])
     args.progress = args.progress or sys.stderr.isatty()
-    if not args.progress:  # read when huggingface_hub is first imported, which commands do only in `run`
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    # Read when huggingface_hub is first imported, which commands do only in `run`; set either way, so that a
+    # value this process inherited (or set by an earlier in-process call) never overrides the choice.
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0" if args.progress else "1"
     # only the main thread may set handlers (tests call `main` from others too)
     previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
         else None

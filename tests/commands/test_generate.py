@@ -175,4 +175,4 @@ def test_progress_bars_only_on_a_terminal_or_when_asked(tiny_model_dir, tmp_path
     assert quiet.stderr.startswith("[dense] prefill 160 tok")
     shown = subprocess.run([*command[:3], "--progress", *command[3:]], capture_output=True, text=True, env=env,
                            timeout=600)
-    assert shown.returncode == 0 and "prefill: 100%" in shown.stderr and "Loading weights" in shown.stderr
+    assert shown.returncode == 0 and "prefill:" in shown.stderr and "Loading weights" in shown.stderr

@@ -90,13 +90,18 @@ class LLMEngine:
         started = time.perf_counter()
         geometry = model_geometry(model)
         self.pool = KVPool(geometry, self._device_blocks(geometry), self.config.block_tokens, model.device)
+        self.tiers = self._tiers(tiers, geometry) if tiers is not None else None  # refused before any file exists
         self.swap = self._make_swap()
         self.init_seconds = time.perf_counter() - started
-        self.block_manager = BlockManager(self.pool.num_blocks, self.config.block_tokens)
-        self.tiers = self._tiers(tiers, geometry) if tiers is not None else None
-        self.scheduler = Scheduler(self.block_manager, self.swap, self.config.max_num_seqs,
-                                   self.config.max_batched_tokens, self.tiers)
-        self.runner = ModelRunner(model, self.pool)
+        try:  # from here on the engine owns a file: a failure (or a signal's unwinding) must not leave it behind
+            self.block_manager = BlockManager(self.pool.num_blocks, self.config.block_tokens)
+            self.scheduler = Scheduler(self.block_manager, self.swap, self.config.max_num_seqs,
+                                       self.config.max_batched_tokens, self.tiers)
+            self.runner = ModelRunner(model, self.pool)
+        except BaseException:
+            if self.swap is not None:
+                self.swap.close()
+            raise
         self.sampler = Sampler()
         self._sequences: dict[int, Sequence] = {}
         self._next_id = 0
