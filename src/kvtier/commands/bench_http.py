@@ -34,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--requests-per-client", type=int, default=1, help="requests per client (default %(default)s)")
     parser.add_argument("--min-requests", type=int, default=8,
                         help="requests of a level at least (default %(default)s)")
-    parser.add_argument("--new-tokens", type=int, default=12, help="tokens per request (default %(default)s)")
+    parser.add_argument("--new-tokens", type=int, default=None,
+                        help="tokens per request (default 12; with --workload documents 64)")
     parser.add_argument("--repeats", type=int, default=2, help="alternating repeats for medians (default %(default)s)")
     parser.add_argument("--block-tokens", type=int, default=16, help="engine block size (default %(default)s)")
     parser.add_argument("--device-blocks", type=int, default=48,
@@ -62,6 +63,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+SHORT_NEW_TOKENS = 12
+
+
 def prompts(count: int) -> list[str]:
     """Short distinct prompts, the same every run."""
     topics = ["rivers", "bridges", "owls", "clocks", "volcanoes", "libraries", "comets", "violins"]
@@ -70,7 +74,9 @@ def prompts(count: int) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     if args.workload == "documents":
+        args.new_tokens = DocumentsWorkload.new_tokens if args.new_tokens is None else args.new_tokens
         return run_documents(args)
+    args.new_tokens = SHORT_NEW_TOKENS if args.new_tokens is None else args.new_tokens
     try:
         levels = tuple(int(value) for value in args.clients.split(",") if value.strip())
     except ValueError:

@@ -5,7 +5,7 @@
    strided. Each decode step ranks them by their full-precision keys
    (selection.py): torch needed the keys copied out contiguous, a product, a
    reduction over the query heads and a mask for the padding, four passes and
-   their calls for a few dozen rows a sequence (docs/decisions.md). Here each
+   their calls for a few dozen rows a sequence. Here each
    key row is read once, multiplied into every query head of its group, and the
    token's importance (summed or max over all query heads, hot_pool.importance)
    is reduced on the way. Rows past a sequence's count are padding whatever they

@@ -6,7 +6,7 @@
    chosen values out first (index_select) and then multiplying wrote and read
    them again; at batch 8 the hot pool is out of cache and the copy cost more
    than the product, and for the few chosen candidates the copies' per-call
-   overhead was the cost (docs/decisions.md). The rows may lie at any strides
+   overhead was the cost. The rows may lie at any strides
    (a token's K|V record holds every head). Here each chosen row is read
    once: rows go in blocks of BLOCK tokens, small enough to stay in L1 while
    every query head of the group and every stretch of the head dimension takes
@@ -19,7 +19,7 @@
    window, the chosen hot tokens, the chosen candidates) in the same pass: the
    peak and the exponentials of one softmax over all of them, each source's
    weighted sum, the division. In torch that was a dozen small ops per layer
-   whose dispatch cost several times their arithmetic (docs/decisions.md). */
+   whose dispatch cost several times their arithmetic. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -13,7 +13,7 @@
    pass reduces the tile's dots over the query heads of a sequence into each
    token's importance (summed or max, hot_pool.importance), while they are
    still in registers: torch's reduction over the written dots was a second
-   pass over them (docs/decisions.md). x86-64
+   pass over them. x86-64
    with AVX2 and FMA only (`vectorized` says whether this CPU has them);
    elsewhere the pool keeps torch's product. The GIL is released while it
    runs. */
@@ -95,7 +95,7 @@ static inline void head_dots(const char *keys, const float *query, float *out, f
     size_t tile_bytes = (size_t)head_dim * TILE * (bf16 ? 2 : 4);
     Py_ssize_t n = 0;
     for (; n + TILE <= used; n += TILE, keys += tile_bytes) {
-        if (n + 2 * TILE <= used)  /* the next tile, asked for while this one is multiplied (docs/decisions.md) */
+        if (n + 2 * TILE <= used)  /* the next tile, asked for while this one is multiplied */
             for (size_t line = 0; line < tile_bytes; line += 64)
                 _mm_prefetch(keys + tile_bytes + line, _MM_HINT_T0);
         for (int g = 0; g < group; g += MAX_QUERIES) {

@@ -1,7 +1,6 @@
 """Every compiled kernel of kvtier behind one typed face: a Python function per C entry point.
 
-What is compiled, and why: each kernel (kernels/<name>.c) replaced numpy's or torch's ops that cost more (the
-measurements: docs/decisions.md).
+What is compiled, and why: each kernel (kernels/<name>.c) replaced numpy's or torch's ops that cost more.
     crc32c_units    a read's page crcs in one call: a Python call per page cost more than the crc itself
     sketch_scores   cold scores from the sketches' codes as they lie: dequantizing first in numpy cost ~4x more
     hot_dots        the hot pool's q.k in one pass over its key tiles: torch converted the whole pool to float first

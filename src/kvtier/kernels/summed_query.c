@@ -5,7 +5,7 @@
    folded projection (each KV head's group of query rows summed, the norm's
    gain folded in, float32) and rotate it. In torch that is five small ops
    whose dispatch, with everything out of cache mid-model, cost several times
-   the product itself (docs/decisions.md). Here the norm, the product (a row
+   the product itself. Here the norm, the product (a row
    of the weight is read once for every sequence) and the rotation run in one
    pass. x86-64 with AVX2 and FMA only (`vectorized`); elsewhere the torch ops
    stay. The GIL is released while it runs. */

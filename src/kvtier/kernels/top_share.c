@@ -2,8 +2,7 @@
    into hot pool and candidates.
 
    numpy had to partition the indices (argpartition) and then sort the chosen
-   ones back into order, two passes that cost three times this
-   (docs/decisions.md). Here each row's count-th largest value is found by a
+   ones back into order, two passes that cost three times this. Here each row's count-th largest value is found by a
    radix selection over the scores' order-preserving integer keys, and one scan
    in index order then takes every score above it, and of those equal to it the
    first ones, so the indices come out ascending with no sort and ties go to the
@@ -30,7 +29,7 @@ static inline uint32_t order_key(float value) {
 /* The key of the rank-th largest (from 0) of keys[0..n), digit by digit from the top: each pass counts the digits,
    finds the digit holding that rank and keeps only the keys that share it, in `work` and `spare` by turns. Branch-free
    passes: a comparison-based selection, whose partition branches go either way on these scores, cost several times
-   as much (docs/decisions.md). `*above`: how many keys are larger than the one returned. */
+   as much. `*above`: how many keys are larger than the one returned. */
 static uint32_t kth_largest_key(const uint32_t *keys, uint32_t *work, uint32_t *spare, Py_ssize_t n, Py_ssize_t rank,
                                 Py_ssize_t *above) {
     uint32_t counts[1 << DIGIT_BITS];

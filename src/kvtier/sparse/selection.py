@@ -7,7 +7,7 @@ chosen tokens' logits are picked out of the scores. On the CPU their values
 are then read where they lie in the pool, once, by the weighted sum itself
 (`chosen_in_place`, chosen_values.c): copying them out first, then
 multiplying, wrote and read them again, and attending over the whole pool
-with the unchosen masked out reads every hot value (docs/decisions.md).
+with the unchosen masked out reads every hot value.
 Elsewhere (CUDA: the hot pool stays in host DRAM) the chosen values are copied
 out (`chosen_copied`) and sent to the compute device.
 Cold tokens are chosen the same way: the key sketches only draw up a shortlist
@@ -17,8 +17,7 @@ one small product with the query over the records where the reads landed
 (`candidate_scores`); the top-alpha then ranks hot pool and shortlist by exact
 q.k, and the chosen candidates' values are weighed where they lie too. So the
 sketches' precision narrows the choice but never makes it: an INT4 sketch
-loses no recall against INT8 once the shortlist is re-ranked
-(docs/decisions.md).
+loses no recall against INT8 once the shortlist is re-ranked.
 
 Attention is exact over sink + recent window (device) + the chosen tokens:
 softmax(scaling * [q.K_window | q.K_chosen]) @ [V_window | V_chosen], in float32.
@@ -64,7 +63,7 @@ class Picks:
         """The top-alpha share of the pooled tokens by score (hot [B, Nh], cold [B, Nc]; `hot_positions` [B, Nh] and
         `cold_positions` [B, Nc] the scored tokens'); `pooled`: the pool's size when the cold scores cover only some
         of its cold tokens (the lookahead's candidates). Ranked and split in two compiled calls (top_share.c): joining
-        the scores and the positions first, and splitting in numpy, cost as much as the selection (docs/decisions.md)."""
+        the scores and the positions first, and splitting in numpy, cost as much as the selection."""
         hot, cold = hot_scores.numpy(), cold_scores.numpy()
         scored = hot.shape[1] + cold.shape[1]
         pooled = scored if pooled is None else pooled
@@ -254,7 +253,7 @@ def candidate_scores(query: torch.Tensor, keys: torch.Tensor, counts: np.ndarray
                            importance=token_importance.numpy(), aggregation=aggregation)
         return dots, token_importance
     # the keys copied out of the records first: torch's product over their strides took twice as long at batch 8;
-    # numpy's product, faster still, runs OpenBLAS threads that take the scorer's core (docs/decisions.md)
+    # numpy's product, faster still, runs OpenBLAS threads that take the scorer's core
     dots = torch.matmul(query, keys.float().contiguous().transpose(2, 3))
     padding = torch.from_numpy(np.arange(keys.shape[2]) >= counts[:, None])
     token_importance = importance(dots, aggregation).masked_fill_(padding, float("-inf"))

@@ -49,7 +49,8 @@ async def _stream_one(http: httpx.AsyncClient, model: str, prompt: str, new_toke
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
     gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:])]
-    return tokens, arrivals[0] - sent, gaps, "".join(pieces)
+    first = arrivals[0] if arrivals else time.perf_counter()  # no visible text at all (e.g. only a newline)
+    return tokens, first - sent, gaps, "".join(pieces)
 
 
 async def _drive(url: str, model: str, prompts: list[str], clients: int, new_tokens: int) -> LevelRun:

@@ -12,7 +12,7 @@ step. Keys are kept in tiles of TILE tokens, each tile's keys dimension-major
 spot, then reads each tile as one contiguous 2-4 KiB run, and the compiled
 kernel (hot_dots.c) takes it at the memory's read speed, twice torch's product
 over a column-major pool on batch-8 shapes, whose head_dim rows a pool apart
-were too many streams for the prefetchers (docs/decisions.md).
+were too many streams for the prefetchers.
 """
 
 from __future__ import annotations
