@@ -4,6 +4,7 @@ import torch
 
 import kvtier
 import tiny_models
+from kvtier.docstore import document_store
 from kvtier.kv.contract import KVCache
 
 
@@ -23,3 +24,14 @@ def test_make_cache_sizes_a_transformers_model_by_its_context_length(tmp_path):
     model = tiny_models.tiny_llama(num_hidden_layers=2)
     with kvtier.make_cache(model, kvtier.KVConfig(kv="offload", storage_dir=str(tmp_path), block_tokens=16)) as cache:
         assert cache.layers[0].get_max_length() >= model.config.max_position_embeddings
+
+
+def test_the_document_store_is_public_and_a_second_prompt_on_a_document_reuses_it(tmp_path):
+    words = [f"w{i}" for i in range(40)]
+    llm = kvtier.load_model(str(tiny_models.save_tiny_hf_dir(tmp_path / "model", words)))
+    store = kvtier.DocumentStore(tmp_path / "store")
+    assert kvtier.DocumentStore().root == document_store.default_store_dir()  # no argument: the CLI's store
+    document = " ".join(words[i % 40] for i in range(300))
+    first = kvtier.generate(llm, document + " w1", max_new_tokens=2, kv_store=store, progress=False)
+    second = kvtier.generate(llm, document + " w2", max_new_tokens=2, kv_store=store, progress=False)
+    assert first.reused_prompt_tokens == 0 and second.reused_prompt_tokens > 200

@@ -1,12 +1,13 @@
 """kvtier: a tiered KV-cache runtime for long-context LLM inference.
 
-Public API (README "Quick start"; kvtier.api): load_model, generate, make_cache, prompt_ids, KVConfig.
+Public API (README "Python"; kvtier.api): load_model, generate, make_cache, prompt_ids, KVConfig, DocumentStore.
 They are imported lazily so that `import kvtier.storage` stays free of torch and transformers.
 """
 
 __version__ = "0.1.0"
 
-_API = ("GenerationResult", "KVConfig", "LoadedModel", "generate", "load_model", "make_cache", "prompt_ids")
+_API = ("DocumentStore", "GenerationResult", "KVConfig", "LoadedModel", "generate", "load_model", "make_cache",
+        "prompt_ids")
 
 
 def __getattr__(name: str):

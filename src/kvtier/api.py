@@ -1,5 +1,7 @@
-"""The Python API in one place: load a model, generate with a KV mode, or get a Cache for model.generate."""
+"""The Python API in one place: load a model, generate with a KV mode (reusing documents through a `DocumentStore`:
+`DocumentStore()` is the command line's store), or get a Cache for model.generate."""
 
+from kvtier.docstore.document_store import DocumentStore
 from kvtier.generation import GenerationResult, generate
 from kvtier.kv.contract import KVCache
 from kvtier.kv.model_geometry import text_config
@@ -25,4 +27,5 @@ def make_cache(llm, kv_config: KVConfig | None = None, max_tokens: int | None = 
     return _make_cache_for_model(model, kv_config or KVConfig(), max_tokens or context_length, batch_size, model_id)
 
 
-__all__ = ["GenerationResult", "KVConfig", "LoadedModel", "generate", "load_model", "make_cache", "prompt_ids"]
+__all__ = ["DocumentStore", "GenerationResult", "KVConfig", "LoadedModel", "generate", "load_model", "make_cache",
+           "prompt_ids"]
