@@ -27,12 +27,21 @@ def free_port() -> int:
 def server(request, tiny_model_dir, tmp_path):
     """`kvtier serve` on a free port; an indirect parameter sets --graceful-shutdown (default 600 s)."""
     graceful = getattr(request, "param", 600)  # on a loaded machine a stream may need long; it must not be cut
-    port = free_port()
     flash = tmp_path / "flash.kvc"
+    process, url = start_serve(tiny_model_dir, flash, "--no-sparse", *ENGINE_ARGS, "--graceful-shutdown",
+                               str(graceful))
+    yield process, url, flash
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def start_serve(model_dir, flash, *options: str) -> tuple[subprocess.Popen, str]:
+    """`kvtier serve --model model_dir --flash-path flash *options` on a free port, once it answers /health."""
+    port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvtier.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-         "--api-key", "k", "--flash-path", str(flash), "--no-sparse", *ENGINE_ARGS,
-         "--graceful-shutdown", str(graceful)],
+        [sys.executable, "-m", "kvtier.cli", "serve", "--model", str(model_dir), "--port", str(port),
+         "--api-key", "k", "--flash-path", str(flash), *options],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ | {"KVTIER_API_KEY": ""})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300  # importing torch in a fresh process is slow on a loaded machine
@@ -46,10 +55,36 @@ def server(request, tiny_model_dir, tmp_path):
             process.kill()
             pytest.fail(f"kvtier serve did not start: {process.communicate()[1][-2000:]}")
         time.sleep(0.2)
-    yield process, url, flash
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    return process, url
+
+
+def test_sigterm_frees_every_tier_of_a_tiered_request_in_flight(tiny_model_dir, tmp_path):
+    """A prompt beyond the 8-block pool is tiered: its cold-pool files under --storage-dir, its scorer process. With
+    no grace period SIGTERM fails it at once, and the engine's close releases its tiers: no file is left."""
+    storage = tmp_path / "kv"
+    storage.mkdir()
+    process, url = start_serve(tiny_model_dir, tmp_path / "flash.kvc", "--block-tokens", "16", "--device-kv-budget",
+                               "64KiB", "--swap-space", "1MiB", "--host-kv-budget", "4MiB", "--storage-dir",
+                               str(storage), "--no-kv-store", "--graceful-shutdown", "0")
+    try:
+        body = {"model": str(tiny_model_dir), "prompt": " ".join(["the sea light"] * 100), "max_tokens": 4000,
+                "temperature": 0, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": "Bearer k"},
+                          timeout=120) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: {"):  # a token: the request is decoding as a tiered sequence
+                    assert list(storage.iterdir())  # its cold pool's files
+                    process.send_signal(signal.SIGTERM)
+                    break
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == -signal.SIGTERM, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert not list(storage.iterdir())  # every tier released: the cold pool's K|V and sketch files, their locks
 
 
 def test_sigterm_finishes_the_stream_in_flight_and_deletes_the_flash_file(server, tiny_model_dir):
