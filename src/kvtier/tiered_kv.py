@@ -19,6 +19,7 @@ from kvtier.docstore.document_store import DocumentStore
 from kvtier.docstore.entry import CorruptEntry, EntryWriter
 from kvtier.docstore.recovery import store_placed
 from kvtier.docstore.reuse import PromptReuse
+from kvtier.engine.paged_attention import causal_mask
 from kvtier.errors import ConfigError, DamagedEntryError
 from kvtier.kv.contract import tier_bytes
 from kvtier.kv.model_geometry import model_geometry
@@ -120,7 +121,8 @@ class SparseSequence:
     def attend(self, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
                sliding_window: int | None) -> torch.Tensor:
         keys, values = self.cache.update(key, value, module.layer_idx)
-        mask = _causal_mask(query.shape[2], keys.shape[2], sliding_window, query.device)
+        mask = causal_mask(query.shape[2], keys.shape[2], sliding_window, query.device)  # keys: the layer's last ones
+        mask = None if mask is None else mask[None, None]  # [1, 1, q, k], as transformers' attention takes it
         output, _ = self._tiers._attention(module, query, keys, values, mask, scaling=scaling,
                                            sliding_window=sliding_window, dropout=0.0)
         return output.transpose(1, 2)
@@ -167,16 +169,3 @@ class SparseSequence:
 
 class _Unfinished(Exception):
     """Ends a prompt's recording before the prompt was in: the entry being written is discarded."""
-
-
-def _causal_mask(queries: int, keys: int, window: int | None, device: torch.device) -> torch.Tensor | None:
-    """Boolean [1, 1, q, k] mask (True: attend) of the sequence's last `queries` positions over its last `keys`
-    positions, causal and within `window`; None when every query may see every key."""
-    if queries == 1 and (window is None or keys <= window):
-        return None
-    query_positions = torch.arange(keys - queries, keys, device=device)[:, None]
-    key_positions = torch.arange(keys, device=device)[None, :]
-    allowed = key_positions <= query_positions
-    if window is not None:
-        allowed &= key_positions > query_positions - window
-    return allowed[None, None]

@@ -95,7 +95,7 @@ def _attend_one(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     length = segment.context_length
     k = _gather(keys, segment.block_table, length).to(query.dtype)
     v = _gather(values, segment.block_table, length).to(query.dtype)
-    mask = _mask(segment, window, query.device)
+    mask = causal_mask(segment.length, length, window, query.device)
     return F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling, enable_gqa=True)
 
 
@@ -106,14 +106,13 @@ def _gather(pool: torch.Tensor, block_table: torch.Tensor, length: int) -> torch
     return gathered.permute(1, 0, 2).unsqueeze(0)
 
 
-def _mask(segment: Segment, window: int | None, device: torch.device) -> torch.Tensor | None:
-    """Boolean [q, kv] mask (True = attend), or None when every query may see every key."""
-    needs_causal = segment.length > 1
-    needs_window = window is not None and segment.context_length > window
-    if not needs_causal and not needs_window:
+def causal_mask(queries: int, keys: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """Boolean [q, k] mask (True = attend) of a sequence's last `queries` positions over its last `keys` positions,
+    causal and within `window`; None when every query may see every key."""
+    if queries == 1 and (window is None or keys <= window):
         return None
-    positions = torch.arange(segment.first_position, segment.context_length, device=device)[:, None]
-    key_positions = torch.arange(segment.context_length, device=device)[None, :]
+    positions = torch.arange(keys - queries, keys, device=device)[:, None]
+    key_positions = torch.arange(keys, device=device)[None, :]
     allowed = key_positions <= positions
     if window is not None:
         allowed &= key_positions > positions - window

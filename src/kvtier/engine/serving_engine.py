@@ -44,7 +44,7 @@ from kvtier.engine.sequence import SamplingParams, Sequence
 from kvtier.engine.swap import SwapBackend
 from kvtier.engine.tiered import TierBudgets, TierProvider, Tiers
 from kvtier.storage import BlockLayout, KVGeometry
-from kvtier.units import parse_size
+from kvtier.units import format_size, parse_size
 
 
 @dataclass(frozen=True)
@@ -266,8 +266,8 @@ class LLMEngine:
         window_bytes = provider.window_tokens() * geometry.token_bytes
         blocks = -(-window_bytes // _block_bytes(geometry, self.config.block_tokens))
         if blocks > self.pool.num_blocks:
-            raise ConfigError(f"device KV budget {self.config.device_kv_budget} cannot hold a tiered sequence's "
-                              f"device window ({blocks} blocks); raise it")
+            raise ConfigError(f"device KV budget {format_size(parse_size(self.config.device_kv_budget))} cannot hold "
+                              f"a tiered sequence's device window ({blocks} blocks); raise it")
         host_share = parse_size(self.config.host_kv_budget) // self.config.max_tiered_seqs
         provider.check(host_share)
         budgets = TierBudgets(blocks, blocks * _block_bytes(geometry, self.config.block_tokens), host_share)

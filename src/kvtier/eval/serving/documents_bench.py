@@ -21,9 +21,7 @@ budgets, and whether every answer matches the tiered run's and names its fact.
 
 from __future__ import annotations
 
-import statistics
 import threading
-import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
@@ -39,11 +37,8 @@ from kvtier.docstore.document_store import DocumentStore
 from kvtier.engine.serving_engine import EngineConfig
 from kvtier.eval.accuracy.corpus_slice import CHARS_PER_TOKEN_BOUND, corpus_slice
 from kvtier.eval.serving.documents_workload import DocumentsWorkload
-from kvtier.eval.serving.http_bench import SERVED_NAME, percentile
+from kvtier.eval.serving.http_bench import SERVED_NAME, BenchServer, medians, percentile, spread
 from kvtier.eval.serving.load_client import LevelRun, drive
-from kvtier.http.app import create_app
-from kvtier.http.backend import ServerSettings, build_backend
-from kvtier.http.runner import ServerThread
 from kvtier.kv_config import KVConfig
 from kvtier.tiered_kv import SparseTiers
 from kvtier.units import parse_size
@@ -88,17 +83,18 @@ def run_documents_benchmark(llm: Any, workload: DocumentsWorkload, base: EngineC
     """Every server's runs over `workload.repeats` alternating repeats, as one JSON-ready dict."""
     asked = questions(llm, workload)
     prompts = [question.prompt for question in asked]
-    configs = _configs(base, workload)
+    configs = _configs(base, workload, directory)
     store_dir = directory / "bench-documents-store"  # kept across runs: a rerun finds its documents stored
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SERVERS}
     clients = ProcessPoolExecutor(1, mp_context=get_context("spawn"))
     try:
-        with _server(llm, configs["tiered"], store_dir, directory) as server:  # stores the documents, untimed
+        with BenchServer(llm, configs["tiered"], _tiers(llm, "tiered", store_dir, directory)) as (server, _):
+            # stores the documents, untimed
             clients.submit(drive, server.url, SERVED_NAME, prompts[::QUESTIONS_PER_DOCUMENT], workload.documents,
                            2).result()
         for repeat in range(workload.repeats):
             for name in SERVERS if repeat % 2 == 0 else tuple(reversed(SERVERS)):
-                with _server(llm, configs[name], store_dir if name != "paged" else None, directory) as server:
+                with BenchServer(llm, configs[name], _tiers(llm, name, store_dir, directory)) as (server, _):
                     with _Sampler(server.url) as peaks:
                         run = clients.submit(drive, server.url, SERVED_NAME, prompts, len(prompts),
                                              workload.new_tokens).result()
@@ -116,31 +112,20 @@ def run_documents_benchmark(llm: Any, workload: DocumentsWorkload, base: EngineC
             "engines": {name: asdict(config) for name, config in configs.items()}}
 
 
-def _configs(base: EngineConfig, workload: DocumentsWorkload) -> dict[str, EngineConfig]:
+def _configs(base: EngineConfig, workload: DocumentsWorkload, directory: Path) -> dict[str, EngineConfig]:
     device, host = parse_size(workload.device_kv_budget), parse_size(workload.host_kv_budget)
     tiered = replace(base, device_kv_budget=device, host_kv_budget=host, max_tiered_seqs=workload.max_tiered_seqs,
-                     device_blocks=None)
+                     device_blocks=None, flash_path=str(directory / "bench-documents.kvc"))
     return {"tiered": tiered,
             "serial": replace(tiered, host_kv_budget=host // workload.max_tiered_seqs, max_tiered_seqs=1),
             "paged": replace(tiered, device_kv_budget=device + host)}
 
 
-class _server:
-    """A server for `config` on a thread: tiered sequences with the store in `store_dir` (None: paged only)."""
-
-    def __init__(self, llm: Any, config: EngineConfig, store_dir: Path | None, directory: Path) -> None:
-        tiers = None
-        if store_dir is not None:
-            tiers = SparseTiers(llm, KVConfig(kv="sparse", storage_dir=str(directory)), DocumentStore(store_dir))
-        flash = str(directory / "bench-documents.kvc")
-        self._backend = build_backend(llm, replace(config, flash_path=flash), ServerSettings(SERVED_NAME), tiers)
-        self._thread = ServerThread(create_app(self._backend))
-
-    def __enter__(self) -> ServerThread:
-        return self._thread
-
-    def __exit__(self, *exc: object) -> None:
-        self._thread.stop()
+def _tiers(llm: Any, server: str, store_dir: Path, directory: Path) -> SparseTiers | None:
+    """The tiered sequences of `server` (none for the paged engine alone), cold pools in `directory`."""
+    if server == "paged":
+        return None
+    return SparseTiers(llm, KVConfig(kv="sparse", storage_dir=str(directory)), DocumentStore(store_dir))
 
 
 class _Sampler:
@@ -195,11 +180,8 @@ def _cell(run: LevelRun, peaks: _Sampler, asked: list[Question], url: str) -> di
 def _summary(cells: list[dict[str, Any]], reference: list[str]) -> dict[str, Any]:
     """Medians with their spread over the repeats, the peaks' maxima, and how many answers match `reference`."""
     summary: dict[str, Any] = {"runs": [{k: v for k, v in cell.items() if k != "texts"} for cell in cells]}
-    for name in ("tokens_per_s", "wall_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
-                 "read_bytes_per_token"):
-        values = [cell[name] for cell in cells]
-        summary[name] = statistics.median(values)
-        summary[f"{name}_spread"] = [min(values), max(values)]
+    summary |= medians(cells, ["tokens_per_s", "wall_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
+                               "read_bytes_per_token"])
     summary["peak_device_bytes"] = max(cell["peak_device_bytes"] for cell in cells)
     summary["peak_host_bytes"] = max(cell["peak_host_bytes"] for cell in cells)
     summary["correct"] = min(cell["correct"] for cell in cells)
@@ -218,9 +200,9 @@ def render_documents_markdown(result: dict[str, Any]) -> str:
              "| server | tok/s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms | read KiB/token "
              "| peak device MiB | peak host MiB | facts | same answers |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, cell in servers.items():
-        lines.append(f"| {name} | {_spread(cell, 'tokens_per_s', 2)} | {_spread(cell, 'ttft_p50_s', 1)} | "
-                     f"{_spread(cell, 'ttft_p99_s', 1)} | {_spread(cell, 'itl_p50_s', 0, 1000)} | "
-                     f"{_spread(cell, 'itl_p99_s', 0, 1000)} | {_spread(cell, 'read_bytes_per_token', 0, 1 / 1024)} | "
+        lines.append(f"| {name} | {spread(cell, 'tokens_per_s', 2)} | {spread(cell, 'ttft_p50_s', 1)} | "
+                     f"{spread(cell, 'ttft_p99_s', 1)} | {spread(cell, 'itl_p50_s', 0, 1000)} | "
+                     f"{spread(cell, 'itl_p99_s', 0, 1000)} | {spread(cell, 'read_bytes_per_token', 0, 1 / 1024)} | "
                      f"{cell['peak_device_bytes'] / 2**20:.0f} | {cell['peak_host_bytes'] / 2**20:.0f} | "
                      f"{cell['correct']}/{result['questions']} | {cell['same_answers']}/{result['questions']} |")
     tiered = servers["tiered"]
@@ -228,8 +210,3 @@ def render_documents_markdown(result: dict[str, Any]) -> str:
                   f"TTFT p99 {tiered['ttft_p99_s'] / servers['serial']['ttft_p99_s']:.2f}x; vs paged: throughput "
                   f"{tiered['tokens_per_s'] / servers['paged']['tokens_per_s']:.2f}x.", ""]
     return "\n".join(lines)
-
-
-def _spread(cell: dict[str, Any], name: str, digits: int, scale: float = 1.0) -> str:
-    low, high = cell[f"{name}_spread"]
-    return f"{cell[name] * scale:.{digits}f} [{low * scale:.{digits}f}-{high * scale:.{digits}f}]"

@@ -131,8 +131,13 @@ def _cell(llm: Any, served: Callable[[], LevelRun], ids: list[list[int]], config
 
 def _summary(backend: str, clients: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Median of each measure over the repeats, and its spread."""
-    cell: dict[str, Any] = {"backend": backend, "clients": clients, "runs": runs}
-    for name in runs[0]:
+    return {"backend": backend, "clients": clients, "runs": runs} | medians(runs, list(runs[0]))
+
+
+def medians(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """For each of `names`: its median over `runs`, and its spread as `<name>_spread` = [min, max]."""
+    cell: dict[str, Any] = {}
+    for name in names:
         values = [run[name] for run in runs]
         cell[name] = statistics.median(values)
         cell[f"{name}_spread"] = [min(values), max(values)]
@@ -140,10 +145,11 @@ def _summary(backend: str, clients: int, runs: list[dict[str, Any]]) -> dict[str
 
 
 class BenchServer:
-    """A server for `config` on a thread; yields it and a reader of its engine's swap-out count so far."""
+    """A server for `config` on a thread (long prompts tiered by `tiers`, refused when None); yields it and a reader
+    of its engine's swap-out count so far."""
 
-    def __init__(self, llm: Any, config: EngineConfig) -> None:
-        self._backend = build_backend(llm, config, ServerSettings(SERVED_NAME))
+    def __init__(self, llm: Any, config: EngineConfig, tiers: Any = None) -> None:
+        self._backend = build_backend(llm, config, ServerSettings(SERVED_NAME), tiers)
         self._thread = ServerThread(create_app(self._backend))
         self._last = 0
 
@@ -174,15 +180,16 @@ def render_markdown(result: dict[str, Any]) -> str:
                   "| clients | server tok/s | offline tok/s | server / offline | TTFT p50 ms | TTFT p99 ms "
                   "| ITL p50 ms | ITL p99 ms | swap-outs |", "|---|---|---|---|---|---|---|---|---|"]
         for cell in (c for c in result["cells"] if c["backend"] == backend):
-            lines.append(f"| {cell['clients']} | {_spread(cell, 'server_tokens_per_s')} | "
-                         f"{_spread(cell, 'offline_tokens_per_s')} | {_spread(cell, 'ratio', 3)} | "
-                         f"{_spread(cell, 'ttft_p50_s', 0, 1000)} | {_spread(cell, 'ttft_p99_s', 0, 1000)} | "
-                         f"{_spread(cell, 'itl_p50_s', 0, 1000)} | {_spread(cell, 'itl_p99_s', 0, 1000)} | "
+            lines.append(f"| {cell['clients']} | {spread(cell, 'server_tokens_per_s')} | "
+                         f"{spread(cell, 'offline_tokens_per_s')} | {spread(cell, 'ratio', 3)} | "
+                         f"{spread(cell, 'ttft_p50_s', 0, 1000)} | {spread(cell, 'ttft_p99_s', 0, 1000)} | "
+                         f"{spread(cell, 'itl_p50_s', 0, 1000)} | {spread(cell, 'itl_p99_s', 0, 1000)} | "
                          f"{cell['swap_outs']:.0f} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def _spread(cell: dict[str, Any], name: str, digits: int = 1, scale: float = 1.0) -> str:
+def spread(cell: dict[str, Any], name: str, digits: int = 1, scale: float = 1.0) -> str:
+    """`cell[name]` and its spread (`medians`) as text, scaled by `scale`, `digits` after the point."""
     low, high = cell[f"{name}_spread"]
     return f"{cell[name] * scale:.{digits}f} [{low * scale:.{digits}f}-{high * scale:.{digits}f}]"
