@@ -14,16 +14,17 @@ from kvtier.errors import ConfigError
 
 def test_reads_prompts_with_per_line_overrides(tmp_path):
     path = tmp_path / "prompts.jsonl"
-    path.write_text('{"prompt": "Hi"}\n\n{"prompt": "Bye", "max_new_tokens": 5, "priority": 2}\n')
+    path.write_text('{"prompt": "Hi"}\n\n{"prompt": "Bye", "max_new_tokens": 5, "ignore_eos": true, "priority": 2}\n')
     requests = read_requests(path, default_max_new_tokens=32)
     assert [prompt for prompt, _ in requests] == ["Hi", "Bye"]
-    assert [(s.max_new_tokens, s.priority) for _, s in requests] == [(32, 0), (5, 2)]
+    assert [(s.max_new_tokens, s.ignore_eos, s.priority) for _, s in requests] == [(32, False, 0), (5, True, 2)]
 
 
 @pytest.mark.parametrize("line, message", [
     ("not json", "prompts.jsonl:1: not JSON"),
     ('{"text": "Hi"}', 'prompts.jsonl:1: expected an object with a "prompt" string'),
     ('{"prompt": "Hi", "max_new_tokens": 0}', "prompts.jsonl:1: max_new_tokens must be a positive integer"),
+    ('{"prompt": "Hi", "ignore_eos": "yes"}', "prompts.jsonl:1: ignore_eos must be true or false"),
 ])
 def test_bad_lines_are_named(tmp_path, line, message):
     path = tmp_path / "prompts.jsonl"
@@ -98,6 +99,7 @@ def test_sigterm_stops_a_batch_and_deletes_its_flash_file(tiny_model_dir, tmp_pa
 
 
 def _prompts(directory: Path, count: int) -> Path:
+    """`count` prompts that generate max_new_tokens each: a random model's greedy EOS depends on the machine's BLAS."""
     path = directory / "prompts.jsonl"
-    path.write_text('{"prompt": "the sea light"}\n' * count)
+    path.write_text('{"prompt": "the sea light", "ignore_eos": true}\n' * count)
     return path

@@ -1,7 +1,7 @@
 """`kvtier batch`: offline generation of a JSONL file of prompts through the serving engine.
 
-Input: one JSON object per line, {"prompt": "..."} with optional "max_new_tokens" and
-"priority" (higher is preempted later). A prompt beyond the device pool runs as a tiered sequence
+Input: one JSON object per line, {"prompt": "..."} with optional "max_new_tokens",
+"ignore_eos" (true: always generate max_new_tokens) and "priority" (higher is preempted later). A prompt beyond the device pool runs as a tiered sequence
 (HillInfer's tiers), as `kvtier serve` runs it. Output: one JSON object per input line, in input
 order, with the generated text and token ids, plus a summary on stderr.
 """
@@ -55,9 +55,11 @@ def _parse_request(line: str, where: str, default_max_new_tokens: int) -> tuple[
         raise ConfigError(f"{where}: not JSON ({error.msg}); write one object per line") from None
     if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
         raise ConfigError(f'{where}: expected an object with a "prompt" string')
+    if not isinstance(record.get("ignore_eos", False), bool):
+        raise ConfigError(f"{where}: ignore_eos must be true or false")
     try:
         sampling = SamplingParams(max_new_tokens=record.get("max_new_tokens", default_max_new_tokens),
-                                  priority=int(record.get("priority", 0)))
+                                  ignore_eos=record.get("ignore_eos", False), priority=int(record.get("priority", 0)))
     except (ConfigError, TypeError, ValueError) as error:
         raise ConfigError(f"{where}: {error}") from None
     return record["prompt"], sampling
