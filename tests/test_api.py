@@ -1,10 +1,12 @@
 """kvtier.make_cache: caches for a model the user loaded with transformers, closed by a `with` block."""
 
+import pytest
 import torch
 
 import kvtier
 import tiny_models
 from kvtier.docstore import document_store
+from kvtier.errors import ConfigError
 from kvtier.kv.contract import KVCache
 
 
@@ -35,3 +37,25 @@ def test_the_document_store_is_public_and_a_second_prompt_on_a_document_reuses_i
     first = kvtier.generate(llm, document + " w1", max_new_tokens=2, kv_store=store, progress=False)
     second = kvtier.generate(llm, document + " w2", max_new_tokens=2, kv_store=store, progress=False)
     assert first.reused_prompt_tokens == 0 and second.reused_prompt_tokens > 200
+
+
+def test_generate_and_prompt_ids_take_a_model_loaded_with_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    words = [f"w{i}" for i in range(40)]
+    directory = tiny_models.save_tiny_hf_dir(tmp_path / "model", words)
+    ours = kvtier.load_model(str(directory))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+    prompt = " ".join(words[:20])
+    assert torch.equal(kvtier.prompt_ids(model, prompt, tokenizer=tokenizer), kvtier.prompt_ids(ours, prompt))
+    expected = kvtier.generate(ours, prompt, max_new_tokens=6, progress=False).token_ids
+    assert kvtier.generate(model, prompt, max_new_tokens=6, progress=False, tokenizer=tokenizer).token_ids == expected
+    assert kvtier.generate(model, prompt, max_new_tokens=6, progress=False).token_ids == expected  # its directory's
+
+
+def test_a_transformers_model_without_a_known_tokenizer_is_a_one_line_error():
+    model = tiny_models.tiny_llama(num_hidden_layers=2)  # built in memory: no directory holds its tokenizer
+    with pytest.raises(ConfigError, match=r"^LlamaForCausalLM was not loaded from a local directory.*tokenizer="):
+        kvtier.generate(model, "hi", max_new_tokens=1, progress=False)
+    with pytest.raises(ConfigError, match="expected a kvtier.load_model.. result or a transformers model, got str"):
+        kvtier.prompt_ids("smollm2-135m", "hi")

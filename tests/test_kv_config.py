@@ -15,10 +15,13 @@ def test_every_mode_named_here_is_one_kvtier_modes_builds():
     assert set(KV_MODES) == {"dense", "offload", "sparse", *BASELINES}
 
 
-@pytest.mark.parametrize("fields, message", [({"kv": "tape"}, "unknown KV mode 'tape'"),
-                                             ({"alpha": 0}, "alpha must be in"),
-                                             ({"device_kv_budget": "12 parsecs"}, "cannot parse size")])
-def test_bad_settings_are_refused(fields, message):
+@pytest.mark.parametrize("fields, message", [({"kv": "tape"}, r"^kv \(--kv\): unknown KV mode 'tape'"),
+                                             ({"alpha": 0}, r"^alpha \(--alpha\) must be in"),
+                                             ({"beta": "soon"}, r"^beta \(--beta\) must be"),
+                                             ({"sink": -1}, r"^sink \(--sink\) must be"),
+                                             ({"device_kv_budget": "12 parsecs"},
+                                              r"^device_kv_budget \(--device-kv-budget\): cannot parse size")])
+def test_bad_settings_are_refused_naming_the_field_and_its_flag(fields, message):
     with pytest.raises(ConfigError, match=message):
         KVConfig(**fields).validated()
 

@@ -4,7 +4,6 @@
 from kvtier.docstore.document_store import DocumentStore
 from kvtier.generation import GenerationResult, generate
 from kvtier.kv.contract import KVCache
-from kvtier.kv.model_geometry import text_config
 from kvtier.models.loader import LoadedModel, load_model
 from kvtier.models.prompts import prompt_ids
 from kvtier.modes import KVConfig
@@ -19,12 +18,9 @@ def make_cache(llm, kv_config: KVConfig | None = None, max_tokens: int | None = 
     model's context length. Tiered caches own files: call `cache.close()`, or use the cache as a
     context manager.
     """
-    if isinstance(llm, LoadedModel):
-        model, context_length, model_id = llm.model, llm.context_length, llm.model_id
-    else:
-        model, model_id = llm, f"hf:{llm.config.name_or_path or type(llm).__name__}"
-        context_length = text_config(llm).max_position_embeddings
-    return _make_cache_for_model(model, kv_config or KVConfig(), max_tokens or context_length, batch_size, model_id)
+    llm = LoadedModel.wrap(llm, need_tokenizer=False)
+    return _make_cache_for_model(llm.model, kv_config or KVConfig(), max_tokens or llm.context_length, batch_size,
+                                 llm.model_id)
 
 
 __all__ = ["DocumentStore", "GenerationResult", "KVConfig", "LoadedModel", "generate", "load_model", "make_cache",

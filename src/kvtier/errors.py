@@ -1,6 +1,12 @@
 """User-facing errors: the CLI prints str(error) on one line and exits non-zero."""
 
 
+def setting(field: str) -> str:
+    """How an error names a setting for both audiences: the field a Python caller sets (KVConfig's, or a keyword
+    argument) and the command line's flag for it."""
+    return f"{field} (--{field.replace('_', '-')})"
+
+
 class KvtierError(Exception):
     """Base class for every error a user can cause (bad input, bad files, no space)."""
 

@@ -12,6 +12,7 @@ from kvtier.docstore.document_store import DocumentStore, Match
 from kvtier.docstore.recovery import AnswerStream, PromptIn, StoredPrefixDropped
 from kvtier.docstore.reuse import PromptReuse
 from kvtier.kv.contract import tier_bytes
+from kvtier.models.loader import LoadedModel
 from kvtier.models.prompts import check_context, prompt_ids
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse import decoding
@@ -93,6 +94,7 @@ def generate(
     choose: Callable[[torch.Tensor], int] | None = None,
     watch: Watch | None = None,
     eos_token_ids: set[int] | None = None,
+    tokenizer=None,
 ) -> GenerationResult:
     """Decode up to `max_new_tokens` tokens after `prompt` (or after explicit `input_ids`), greedily by default.
 
@@ -106,9 +108,11 @@ def generate(
     stored prefix is loaded instead of computed, and a new document is stored (kvtier.docstore.reuse).
     A stored prefix found damaged while decoding (a sparse image or the K/V that offload reads in place;
     `--on-corrupt recompute`) makes the answer start over cold; the tokens already handed out are checked,
-    not handed out again (kvtier.docstore.recovery).
+    not handed out again (kvtier.docstore.recovery). `llm`: a kvtier.load_model() result, or a transformers model
+    with its `tokenizer` (default: the one saved beside its weights; LoadedModel.wrap).
     """
     kv_config = (kv_config or KVConfig()).validated()
+    llm = LoadedModel.wrap(llm, tokenizer)
     ids = prompt_ids(llm, prompt) if input_ids is None else input_ids
     check_context(llm, ids.shape[1], max_new_tokens)
     requested = time.perf_counter()

@@ -8,7 +8,7 @@ kvtier.modes' job, which imports every mode.
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, setting
 from kvtier.paths import cache_dir
 from kvtier.sparse.settings import SparseSettings, parse_beta
 from kvtier.units import parse_size
@@ -38,12 +38,16 @@ class KVConfig:
 
     def validated(self) -> "KVConfig":
         if self.kv not in KV_MODES:
-            raise ConfigError(f"unknown KV mode {self.kv!r}; choose one of {', '.join(KV_MODES)}")
+            raise ConfigError(f"{setting('kv')}: unknown KV mode {self.kv!r}; choose one of {', '.join(KV_MODES)}")
         if not 1 <= self.block_tokens <= 4096:
-            raise ConfigError(f"block_tokens must be between 1 and 4096, got {self.block_tokens}")
+            raise ConfigError(f"{setting('block_tokens')} must be between 1 and 4096, got {self.block_tokens}")
         if self.io_threads < 1:
-            raise ConfigError(f"io_threads must be at least 1, got {self.io_threads}")
-        parse_size(self.device_kv_budget), parse_size(self.host_kv_budget)  # unparsable sizes fail before any model load
+            raise ConfigError(f"{setting('io_threads')} must be at least 1, got {self.io_threads}")
+        for name in ("device_kv_budget", "host_kv_budget"):  # unparsable sizes fail before any model load
+            try:
+                parse_size(getattr(self, name))
+            except ConfigError as error:
+                raise ConfigError(f"{setting(name)}: {error}") from None
         self.sparse_settings()
         return self
 

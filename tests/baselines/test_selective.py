@@ -64,7 +64,7 @@ def test_the_host_tier_stays_within_its_budget(tiny_llama, tmp_path):
 
 @pytest.mark.parametrize("kv", MODES)
 def test_a_device_budget_below_the_window_is_refused(tiny_llama, tmp_path, kv):
-    with pytest.raises(ConfigError, match=r"sink \+ recent window .* raise --device-kv-budget"):
+    with pytest.raises(ConfigError, match=r"sink \+ recent window .* raise device_kv_budget \(--device-kv-budget\)"):
         make_cache(tiny_llama, KVConfig(kv=kv, device_kv_budget="4KiB", recent=64, storage_dir=str(tmp_path)), 100)
     assert not list(tmp_path.iterdir())
 
@@ -73,7 +73,7 @@ def test_a_device_budget_below_the_window_is_refused(tiny_llama, tmp_path, kv):
                                               ("leoam", "16KiB", "abstract write buffer")])
 def test_a_host_budget_below_the_modes_own_dram_is_refused(tiny_llama, tmp_path, kv, host, reserve):
     kv_config = KVConfig(kv=kv, device_kv_budget="1MiB", host_kv_budget=host, storage_dir=str(tmp_path))
-    with pytest.raises(ConfigError, match=f"host KV budget .* cannot hold .*{reserve}.* raise --host-kv-budget"):
+    with pytest.raises(ConfigError, match=rf"host KV budget .* cannot hold .*{reserve}.* raise host_kv_budget \(--host"):
         make_cache(tiny_llama, kv_config, 1000)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.baselines.selective_store import SelectiveStore
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, setting
 from kvtier.kv.budget import TierCapacity, tier_capacity
 from kvtier.sparse import SparseSettings
 from kvtier.storage import BlockLayout, IOEngine, IOStats, KVBlockFile, KVGeometry
@@ -53,11 +53,11 @@ def plan_capacity(setup: TierSetup, geometry: KVGeometry, host_reserved: int = 0
     per_token = geometry.token_bytes * setup.batch_size
     if window * per_token > setup.device_budget:
         raise ConfigError(f"device KV budget {format_size(setup.device_budget)} cannot hold the sink + recent window "
-                          f"({window} tokens = {format_size(window * per_token)}); raise --device-kv-budget "
-                          "or lower --sink/--recent")
+                          f"({window} tokens = {format_size(window * per_token)}); raise {setting('device_kv_budget')} "
+                          f"or lower {setting('sink')} / {setting('recent')}")
     if host_reserved > setup.host_budget:
         raise ConfigError(f"host KV budget {format_size(setup.host_budget)} cannot hold {reserved_for} "
-                          f"({format_size(host_reserved)}); raise --host-kv-budget")
+                          f"({format_size(host_reserved)}); raise {setting('host_kv_budget')}")
     host_kv = setup.host_budget - host_reserved
     if host_reserved and host_kv < per_token * setup.block_tokens:
         host_kv = 0  # the reserve took (nearly) all of it: no host KV tier

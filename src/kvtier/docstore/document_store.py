@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtier.errors import ConfigError, StorageError
+from kvtier.errors import ConfigError, StorageError, setting
 from kvtier.paths import cache_dir
 from kvtier.processes import process_exists
 from kvtier.storage import fsync_directory
@@ -72,7 +72,7 @@ class DocumentStore:
     def __init__(self, root: str | os.PathLike[str] | None = None, size_limit: str | int = DEFAULT_SIZE,
                  on_corrupt: str = "recompute") -> None:
         if on_corrupt not in ON_CORRUPT:
-            raise ConfigError(f"unknown --on-corrupt {on_corrupt!r}; choose one of {', '.join(ON_CORRUPT)}")
+            raise ConfigError(f"unknown {setting('on_corrupt')} {on_corrupt!r}; choose one of {', '.join(ON_CORRUPT)}")
         self.root = Path(root) if root is not None else default_store_dir()
         self.size_limit = parse_size(size_limit)
         self.on_corrupt = on_corrupt

@@ -7,7 +7,7 @@ move whole blocks of `block_tokens` tokens, so capacities are whole blocks.
 
 from dataclasses import dataclass
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, setting
 from kvtier.units import format_size
 
 
@@ -40,11 +40,11 @@ def tier_capacity(
     if device_blocks < 1:
         raise ConfigError(
             f"device KV budget {format_size(device_budget)} is smaller than one KV block "
-            f"({format_size(block_bytes)} = {block_tokens} tokens x {batch_size} sequence(s)); raise --device-kv-budget"
+            f"({format_size(block_bytes)} = {block_tokens} tokens x {batch_size} sequence(s)); raise {setting('device_kv_budget')}"
         )
     if host_budget and host_blocks < 1:
         raise ConfigError(
             f"host KV budget {format_size(host_budget)} is smaller than one KV block "
-            f"({format_size(block_bytes)}); raise --host-kv-budget or set it to 0 for no host tier"
+            f"({format_size(block_bytes)}); raise {setting('host_kv_budget')} or set it to 0 for no host tier"
         )
     return TierCapacity(device_blocks * block_tokens, host_blocks * block_tokens, block_tokens)

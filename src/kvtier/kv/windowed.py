@@ -84,7 +84,7 @@ class WindowedLayer(CacheLayerMixin):
         count = key_states.shape[2]
         if self.distributed or (count == 1 and self.tokens > 0):
             if count > 1:
-                raise ConfigError("a selective KV cache (--kv sparse and the baselines) decodes one token per "
+                raise ConfigError("a selective KV cache (kv='sparse' and the baselines) decodes one token per "
                                   "forward pass after the prompt; feed the whole prompt before decoding")
             self.distribute()
             self.window_positions = np.append(self.window_positions, self.tokens)

@@ -12,6 +12,8 @@ values change neither the compute nor the KV bytes, on machines that hold a mode
 and tokenizer but not its weights. Its outputs mean nothing.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import os
 import shutil
@@ -48,6 +50,26 @@ class LoadedModel:
     has_chat_template: bool
     dtype: torch.dtype
     model_id: str  # stable identity, tags KV files so they are never read back under another model
+
+    @classmethod
+    def wrap(cls, llm, tokenizer: PreTrainedTokenizerBase | None = None, need_tokenizer: bool = True) -> LoadedModel:
+        """`llm` itself when it is a LoadedModel; a model loaded with transformers (`AutoModelForCausalLM`) with
+        `tokenizer` (default: the one saved beside its weights, when it was loaded from a local directory).
+        ConfigError when a tokenizer is needed and none is found."""
+        if isinstance(llm, LoadedModel):
+            return llm
+        if not isinstance(llm, PreTrainedModel):
+            raise ConfigError(f"expected a kvtier.load_model() result or a transformers model, got {type(llm).__name__}")
+        source = llm.config.name_or_path or ""
+        if tokenizer is None and need_tokenizer:
+            if not source or not Path(source).is_dir():
+                raise ConfigError(f"{type(llm).__name__} was not loaded from a local directory, so its tokenizer is "
+                                  "unknown: pass tokenizer=AutoTokenizer.from_pretrained(...)")
+            tokenizer = _from_pretrained(AutoTokenizer, Path(source), Path(source))
+        return cls(name=source or type(llm).__name__, model=llm, tokenizer=tokenizer, config=llm.config,
+                   context_length=llm.config.get_text_config(decoder=True).max_position_embeddings,
+                   has_chat_template=bool(getattr(tokenizer, "chat_template", None)), dtype=llm.dtype,
+                   model_id=f"hf:{source or type(llm).__name__}")
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,14 @@
 import torch
 
 from kvtier.errors import ContextTooLongError
+from kvtier.models.loader import LoadedModel
 from kvtier.units import counted
 
 
-def prompt_ids(llm, prompt: str) -> torch.Tensor:
-    """Token ids of `prompt` as a single user turn (chat template when the model has one), shape [1, n]."""
+def prompt_ids(llm, prompt: str, tokenizer=None) -> torch.Tensor:
+    """Token ids of `prompt` as a single user turn (chat template when the model has one), shape [1, n]. `llm`: a
+    kvtier.load_model() result, or a transformers model with its `tokenizer` (LoadedModel.wrap)."""
+    llm = LoadedModel.wrap(llm, tokenizer)
     if llm.has_chat_template:
         messages = [{"role": "user", "content": prompt}]
         ids = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)

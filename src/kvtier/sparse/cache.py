@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, setting
 from kvtier.kv.contract import SelectiveKVCache
 from kvtier.kv.model_geometry import model_geometry, text_config
 from kvtier.sparse import attention
@@ -164,8 +164,7 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
     if window * per_token > device_budget:
         raise ConfigError(f"device KV budget {format_size(device_budget)} cannot hold the sink + recent window and "
                           f"the tokens waiting to retire from it ({window} tokens = {format_size(window * per_token)}); "
-                          "raise --device-kv-budget "
-                          "or lower --sink/--recent")
+                          f"raise {setting('device_kv_budget')} or lower {setting('sink')} / {setting('recent')}")
     max_hot = max(0, host_budget // per_token - settings.demote_batch)
     if route_attention:  # else the caller routes the model's attention (the serving engine: attention.function)
         attention.install(model)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtier.errors import ConfigError
+from kvtier.errors import ConfigError, setting
 from kvtier.sparse.hot.migration import POLICIES
 from kvtier.sparse.cold.sketch import AGGREGATIONS, SCORE_BITS
 
@@ -49,13 +49,13 @@ class SparseSettings:
 
     def validated(self) -> SparseSettings:
         if not 0.0 < self.alpha <= 1.0:
-            raise ConfigError(f"--alpha must be in (0, 1], got {self.alpha}")
+            raise ConfigError(f"{setting('alpha')} must be in (0, 1], got {self.alpha}")
         if self.score_bits not in SCORE_BITS:
-            raise ConfigError(f"--score-bits must be one of {', '.join(map(str, SCORE_BITS))}, got {self.score_bits}")
+            raise ConfigError(f"{setting('score_bits')} must be one of {', '.join(map(str, SCORE_BITS))}, got {self.score_bits}")
         if self.beta is not None and self.beta < 0:
-            raise ConfigError(f"--beta must be 'auto' or a non-negative number, got {self.beta}")
+            raise ConfigError(f"{setting('beta')} must be 'auto' or a non-negative number, got {self.beta}")
         if self.sink < 0 or self.recent < 1:
-            raise ConfigError(f"--sink must be >= 0 and --recent >= 1, got {self.sink} and {self.recent}")
+            raise ConfigError(f"{setting('sink')} must be >= 0 and {setting('recent')} >= 1, got {self.sink} and {self.recent}")
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if self.policy not in POLICIES:
@@ -77,4 +77,4 @@ def parse_beta(text: str | float | None) -> float | None:
     try:
         return float(text)
     except ValueError:
-        raise ConfigError(f"--beta must be 'auto' or a number, got {text!r}") from None
+        raise ConfigError(f"{setting('beta')} must be 'auto' or a number, got {text!r}") from None
