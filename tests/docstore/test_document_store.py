@@ -33,19 +33,28 @@ keys_for = block_names
 
 def test_the_longest_stored_prefix_wins_and_the_limit_holds(store):
     publish(store, keys_for("a", 2), 2 * BLOCK)
-    publish(store, keys_for("a", 4), 4 * BLOCK, seed=1)
-    prompt = keys_for("a", 5)
-    match = store.longest_prefix("digest", prompt, "document", limit=5)
-    assert match.blocks == 4 and match.tokens == 4 * BLOCK
+    publish(store, keys_for("a", 5), 5 * BLOCK, seed=1)
+    prompt = keys_for("a", 6)
+    match = store.longest_prefix("digest", prompt, "document", limit=6)
+    assert match.blocks == 5 and match.tokens == 5 * BLOCK
     assert store.longest_prefix("digest", prompt, "document", limit=3).blocks == 3
     assert store.longest_prefix("digest", keys_for("b", 5), "document", limit=5) is None
 
 
-def test_another_identity_is_ignored_with_a_message(store, caplog):
+def test_another_identity_is_ignored_with_one_message(store, caplog):
     publish(store, keys_for("a", 2), 2 * BLOCK, digest="another model")
     with caplog.at_level(logging.WARNING):
         assert store.longest_prefix("digest", keys_for("a", 2), "document", limit=2) is None
-    assert "holds this document for another model" in caplog.text
+        assert store.longest_prefix("digest", keys_for("a", 2), "document", limit=2) is None
+    assert caplog.text.count("holds this document for another model") == 1
+
+
+def test_another_identitys_entry_is_not_mentioned_when_the_prompt_reuses_its_own(store, caplog):
+    publish(store, keys_for("x", 2), 2 * BLOCK, digest="another model")  # block keys include the identity
+    publish(store, keys_for("a", 2), 2 * BLOCK, seed=1)
+    with caplog.at_level(logging.WARNING):
+        assert store.longest_prefix("digest", keys_for("a", 3), "document", limit=3).blocks == 2
+    assert "another model" not in caplog.text
 
 
 def test_least_recently_used_entries_are_evicted_to_stay_under_the_limit(tmp_path):
@@ -73,6 +82,25 @@ def test_two_publishers_of_one_prefix_leave_one_intact_entry(store):
     assert first == second and [entry.id for entry in store.entries()] == [first]
     assert not [path for path in store.root.iterdir() if path.name.startswith(".")]
     _assert_reads_back(store, whole)
+
+
+def test_a_document_stored_meanwhile_by_another_question_is_not_stored_twice(store):
+    document = keys_for("a", 4)
+    first = EntryWriter(store.room_for(0), new_meta(document + keys_for("q", 1)))  # two questions, one new document
+    second = EntryWriter(store.room_for(0), new_meta(document + keys_for("r", 1)))
+    for writer, seed in ((first, 0), (second, 1)):
+        for layer, keys, values in prefill_updates(5 * BLOCK, 50, seed=seed)[0]:
+            writer.add(layer, keys, values)
+    stored = store.publish(first)
+    assert store.publish(second) == stored
+    assert [entry.id for entry in store.entries()] == [stored]
+    assert not [path for path in store.root.iterdir() if path.name.startswith(".")]  # the second copy is gone
+
+
+def test_a_mostly_different_prompt_is_still_stored_beside_an_entry_sharing_its_start(store):
+    first, _ = publish(store, keys_for("a", 1) + keys_for("b", 2), 3 * BLOCK)
+    second, _ = publish(store, keys_for("a", 1) + keys_for("c", 2), 3 * BLOCK, seed=1)
+    assert first != second and {entry.id for entry in store.entries()} == {first, second}
 
 
 def test_two_processes_read_one_entry_at_once(store):
@@ -120,7 +148,7 @@ def test_an_entry_that_cannot_be_removed_is_an_error_naming_it(store, monkeypatc
 def test_a_writer_killed_at_any_point_leaves_a_whole_entry_or_none(tmp_path):
     torch.set_num_threads(1)  # the forked writer must not need the parent's thread pool
     visible = []
-    for point in range(1, 40):  # every open, write, fsync, close and rename of publishing 3 blocks (38), and past them
+    for point in range(1, 42):  # every open, write, fsync, close and rename of publishing 3 blocks (40), and past them
         root = tmp_path / f"store-{point}"
         DocumentStore(root)
         child = os.fork()

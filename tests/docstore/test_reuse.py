@@ -29,6 +29,22 @@ def test_a_second_question_reuses_the_document_and_answers_as_a_cold_run(tiny_ll
     assert 0 < second.ttft_s and 0 < first.ttft_s
 
 
+def test_a_question_that_finishes_while_another_stores_the_document_is_not_stored_twice(tiny_llm, document, store):
+    """The second question starts while the first goes in (nothing is stored yet) and finishes first; the first then
+    finds its entry and drops its own copy. Each question is longer than a block: their entries' ids differ."""
+    asked = []
+
+    def ask_another(cache) -> bool:
+        if not asked:
+            asked.append(ask(tiny_llm, document, store, "Name one place ." * 80))
+        return False
+
+    first = ask(tiny_llm, document, store, "What is it about ?" * 80, watch=ask_another)
+    assert asked[0].reused_prompt_tokens == 0 == first.reused_prompt_tokens  # both prefilled the new document
+    assert len(store.entries()) == 1
+    assert not [path for path in store.root.iterdir() if path.name.startswith(".")]
+
+
 def test_the_same_prompt_again_leaves_a_token_to_the_model(tiny_llm, document, store):
     first = ask(tiny_llm, document, store)
     again = ask(tiny_llm, document, store)

@@ -5,7 +5,9 @@ Layout: `<root>/<entry id>/{meta.json, kv.bin}` (entry.py). An entry is built in
 complete; a writer killed before that leaves only a temporary directory, which
 the next store opened on the root removes once that pid is gone. Removal renames
 an entry to `.trash-...` first, so no reader sees half an entry. Two processes
-publishing the same prefix race on the rename: one wins, the other drops its copy.
+storing one document at once (different questions) do not both publish: the
+later finds the earlier's entry and drops its copy; on the very same prompt
+they race on the rename, and one wins.
 
 Least-recently-used entries are evicted to keep the total under `size_limit`;
 the last use is the mtime of meta.json, touched on every reuse.
@@ -13,10 +15,13 @@ the last use is the mtime of meta.json, touched on every reuse.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 DEFAULT_SIZE = "20GiB"
 ON_CORRUPT = ("recompute", "fail")
-_TEMPORARY, _TRASH = ".tmp-", ".trash-"
+_TEMPORARY, _TRASH, _PUBLISHING = ".tmp-", ".trash-", "publish.lock"
 
 
 def default_store_dir() -> Path:
@@ -76,6 +81,7 @@ class DocumentStore:
         self.root = Path(root) if root is not None else default_store_dir()
         self.size_limit = parse_size(size_limit)
         self.on_corrupt = on_corrupt
+        self._told_foreign: set[str] = set()  # entries longest_prefix warned of
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -100,17 +106,27 @@ class DocumentStore:
 
     def longest_prefix(self, identity_digest: str, keys: list[str], document: str, limit: int) -> Match | None:
         """The entry sharing the most leading blocks with `keys` (at most `limit` of them), or None."""
+        best, foreign = self._longest_prefix(identity_digest, keys, document, limit)
+        for entry in foreign if best is None else []:  # said once per entry, and only when it explains a cold prompt
+            if entry.id not in self._told_foreign:
+                self._told_foreign.add(entry.id)
+                log.warning("KV store entry %s holds this document for another model, dtype or layout (%s); "
+                            "not used", entry.id, entry.meta.identity.get("model_id"))
+        return best
+
+    def _longest_prefix(self, identity_digest: str, keys: list[str], document: str, limit: int
+                        ) -> tuple[Match | None, list[StoredEntry]]:
+        """(longest_prefix's match, the entries of this document for another model, dtype or layout)."""
         best: Match | None = None
+        foreign = []
         for entry in self.entries():
             if entry.meta.identity_digest != identity_digest:
-                if entry.meta.document == document:
-                    log.warning("KV store entry %s holds this document for another model, dtype or layout (%s); "
-                                "not used", entry.id, entry.meta.identity.get("model_id"))
+                foreign += [entry] if entry.meta.document == document else []
                 continue
             blocks = _common_blocks(entry.meta.blocks, keys, limit)
             if blocks and (best is None or blocks > best.blocks):
                 best = Match(entry, blocks)
-        return best
+        return best, foreign
 
     def touch(self, entry: StoredEntry) -> None:
         try:
@@ -144,23 +160,46 @@ class DocumentStore:
             shutil.rmtree(writer.directory, ignore_errors=True)
 
     def publish(self, writer: EntryWriter) -> str | None:
-        """Complete the entry and make it visible under its id; None if it could not be (the reason is logged)."""
+        """Complete the entry and make it visible under its id; None if it could not be (the reason is logged).
+        When another process stored most of its blocks meanwhile (two questions on one new document at once), that
+        entry's id instead: the second copy is dropped, as a prompt planned now would not have written it."""
         try:
             writer.finish()
             self._evict_until_free(disk_bytes(writer.directory))  # room was made for its K/V; now for all of it
-            entry_id = writer.meta.blocks[-1][:20]
-            try:
+            with self._one_publisher():
+                held = self._holding_most_of(writer.meta)
+                if held is not None:
+                    log.info("KV store: entry %s, stored meanwhile, holds this prompt's document; not stored twice",
+                             held)
+                    shutil.rmtree(writer.directory, ignore_errors=True)
+                    return held
+                entry_id = writer.meta.blocks[-1][:20]
                 os.rename(writer.directory, self.root / entry_id)
-            except OSError:
-                if not (self.root / entry_id).is_dir():
-                    raise
-                shutil.rmtree(writer.directory, ignore_errors=True)  # another process published it first
-                return entry_id
             fsync_directory(self.root)
             return entry_id
         except OSError as error:
             self.discard(writer, error)
             return None
+
+    def _holding_most_of(self, meta: EntryMeta) -> str | None:
+        """The id of an entry holding at least half of `meta`'s blocks (all of them: the same prompt), if any."""
+        held, _ = self._longest_prefix(meta.identity_digest, meta.blocks, meta.document, len(meta.blocks))
+        return held.entry.id if held is not None and 2 * held.blocks >= len(meta.blocks) else None
+
+    @contextmanager
+    def _one_publisher(self) -> Iterator[None]:
+        """Held by a publisher while it looks for a copy stored meanwhile and renames its own: of two processes
+        storing one document, the later sees the earlier's entry."""
+        try:
+            fd = os.open(self.root / _PUBLISHING, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            yield  # a read-only store: the rename fails and says so
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for a lookup and a rename: milliseconds
+            yield
+        finally:
+            os.close(fd)
 
     # ----- removal -----
 
