@@ -20,7 +20,7 @@ from kvtier.kv.dense import DenseCache
 from kvtier.kv.model_geometry import full_attention_layers, model_geometry, text_config
 from kvtier.kv.offload import OffloadCache, OffloadLayer, TieredStore
 from kvtier.kv_config import KV_MODES, KVConfig, default_storage_dir  # re-exported with the builders
-from kvtier.sparse import IMAGE_DIR, make_sparse_cache
+from kvtier.sparse import make_sparse_cache
 from kvtier.storage import IOEngine, KVBlockFile
 from kvtier.storage.stale_files import remove_abandoned_kv_files
 from kvtier.docstore.entry import StoredKV
@@ -52,11 +52,11 @@ def _dense_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size
 
 def _sparse_cache(model, config, kv_config: KVConfig, max_tokens: int, batch_size: int, stored: Match | None,
                   route_attention: bool) -> KVCache:
-    image_dir, image_tokens = (stored.entry.path / IMAGE_DIR, stored.tokens) if stored is not None else (None, 0)
+    entry_dir, image_tokens = (stored.entry.path, stored.tokens) if stored is not None else (None, 0)
     return make_sparse_cache(
         model, kv_config.sparse_settings(), max_tokens, batch_size, str(_storage_directory(kv_config.storage_dir)),
         parse_size(kv_config.device_kv_budget), parse_size(kv_config.host_kv_budget), full_attention_layers(config),
-        kv_config.io_threads, image_dir, image_tokens, route_attention,
+        kv_config.io_threads, entry_dir, image_tokens, route_attention,
     )
 
 

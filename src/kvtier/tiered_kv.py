@@ -132,9 +132,9 @@ class SparseSequence:
 
     def prompt_done(self) -> None:
         self.cache.place_prompt()
+        store_placed(self.cache, self._reuse, self._writer)
         if self._writer is None:
             return
-        store_placed(self.cache, self._writer)
         self._recording.close()  # the cache's updates are no longer recorded
         self._reuse.publish(self._writer)
         self._stop_storing()

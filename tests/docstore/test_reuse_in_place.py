@@ -5,6 +5,7 @@ import hashlib
 import itertools
 import logging
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from kvtier.docstore.recovery import RecomputeDiverged
 from kvtier.generation import generate
 from kvtier.modes import KVConfig
 from kvtier.sparse.cold import cold_image
-from kvtier.sparse.cold.cold_image import IMAGE_DIR, ColdImage, CorruptImage
+from kvtier.sparse.cold.cold_image import IMAGE_PREFIX, ColdImage, CorruptImage
 from kvtier.sparse.cache import SparseCache
 from kvtier.sparse.cold.cold_pool import ColdPool
 from kvtier.sparse.lookahead import Lookahead
@@ -42,9 +43,15 @@ def ask(llm, document, store, question, config, new_tokens=NEW_TOKENS):
     return generate(llm, f"{document} {question}", new_tokens, config, progress=False, kv_store=store)
 
 
+def image_dir(entry) -> Path:
+    """The entry's one sparse image."""
+    (directory,) = entry.path.glob(IMAGE_PREFIX + "*")
+    return directory
+
+
 def image_files(store) -> dict[str, str]:
     (entry,) = store.entries()
-    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in (entry.path / IMAGE_DIR).iterdir()}
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in image_dir(entry).iterdir()}
 
 
 def test_a_second_question_uses_the_stored_cold_pool_in_place(tiny_llm, document, store, sparse, monkeypatch):
@@ -87,7 +94,7 @@ def test_a_question_that_extends_a_stored_document_stores_its_image_from_the_one
     assert third.token_ids == cold.token_ids
     assert min(adopted[2:]) > max(by_second)  # every tiered layer adopted the first question's cold slots too
     # ... and wrote none of the positions the second image covers (the second run's recent window was not pooled)
-    imaged = unseal((longer.path / IMAGE_DIR / "image.json").read_bytes())["tokens"]
+    imaged = unseal((image_dir(longer) / "image.json").read_bytes())["tokens"]
     assert imaged > second.reused_prompt_tokens
     assert all((positions >= imaged).all() for positions in written[marks[0] : marks[1]])
 
@@ -113,8 +120,8 @@ def test_a_damaged_page_found_while_copying_the_image_it_reused_is_recomputed(ti
 def assert_image_holds_the_stored_kv(entry) -> None:
     """Every page of the entry's image holding an imaged record checks out, and every imaged cold K|V record is the
     K/V the entry stores for its position."""
-    directory = entry.path / IMAGE_DIR
-    image = ColdImage.open(directory, unseal((directory / "image.json").read_bytes())["key"], 1 << 30)
+    directory = image_dir(entry)
+    image = ColdImage.open(entry.path, unseal((directory / "image.json").read_bytes())["key"], 1 << 30)
     kv = np.fromfile(directory / "cold.kv", dtype=np.uint8)
     sketches = np.fromfile(directory / "cold.sketch", dtype=np.uint8)
     with IOEngine(2) as io:
@@ -174,14 +181,26 @@ def test_a_partly_shared_prompt_places_the_rest_itself(tiny_llm, document, store
     assert warm.kv_bytes["host"] <= cold.kv_bytes["host"] + 64 * 2 * 2 * 2 * 16 * 4  # + one demote batch
 
 
-def test_another_sparse_layout_is_ignored_with_a_message(tiny_llm, document, store, sparse, caplog):
-    ask(tiny_llm, document, store, FIRST, sparse)
-    int8 = KVConfig(**{**vars(sparse), "score_bits": 8})  # the default is 4
-    cold = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, int8, progress=False)
-    with caplog.at_level(logging.WARNING):
-        warm = ask(tiny_llm, document, store, SECOND, int8)
-    assert "other sparse settings" in caplog.text and "bits" in caplog.text
-    assert warm.reused_prompt_tokens > 0 and warm.token_ids == cold.token_ids and len(store.entries()) == 1
+@pytest.mark.parametrize("first_mode", ["dense", "offload", "sparse with other settings"])
+def test_a_document_stored_without_these_sparse_tiers_gains_them_from_the_first_sparse_question(
+        tiny_llm, document, store, sparse, caplog, monkeypatch, first_mode):
+    first = KVConfig(**{**vars(sparse), "score_bits": 8}) if first_mode.startswith("sparse") else \
+        KVConfig(kv=first_mode, storage_dir=sparse.storage_dir)
+    ask(tiny_llm, document, store, FIRST, first)
+    (entry,) = store.entries()
+    before = set(entry.path.glob(IMAGE_PREFIX + "*"))
+    cold = generate(tiny_llm, f"{document} {SECOND}", NEW_TOKENS, sparse, progress=False)
+    with caplog.at_level(logging.INFO):
+        placed = ask(tiny_llm, document, store, SECOND, sparse)
+    assert "holds no sparse tiers for these settings yet" in caplog.text
+    assert placed.reused_prompt_tokens > 0 and placed.token_ids == cold.token_ids
+    (gained,) = set(entry.path.glob(IMAGE_PREFIX + "*")) - before  # the entry now holds this run's tiers too
+    adopted = []
+    monkeypatch.setattr(ColdPool, "adopt", lambda pool, layer, positions, adopt=ColdPool.adopt: (
+        adopted.append(len(positions)), adopt(pool, layer, positions)))
+    warm = ask(tiny_llm, document, store, FIRST, sparse)
+    assert len(adopted) == 2 and min(adopted) > 0  # the next question places nothing: it takes the gained tiers
+    assert warm.reused_prompt_tokens > 0 and len(store.entries()) == 1
 
 
 @pytest.mark.parametrize("damage", ["flip image.json", "flip tables.npz", "flip cold.kv.crc", "flip cold.sketch.crc",
@@ -267,7 +286,7 @@ def test_a_writer_killed_while_storing_the_image_leaves_a_whole_entry_or_none(ti
         store = DocumentStore(root)  # removes what the dead writer left
         assert not [path for path in root.iterdir() if path.name.startswith(".")]
         if store.entries():
-            assert (store.entries()[0].path / IMAGE_DIR / "image.json").exists()  # the image is part of the publish
+            assert (image_dir(store.entries()[0]) / "image.json").exists()  # the image is part of the publish
             assert ask(tiny_llm, document, store, SECOND, sparse, new_tokens=2).reused_prompt_tokens > 0
             assert len(store.entries()) == 1  # its image opened: nothing was reported damaged
         visible.append((os.WIFSIGNALED(status), bool(store.entries())))
@@ -277,7 +296,7 @@ def test_a_writer_killed_while_storing_the_image_leaves_a_whole_entry_or_none(ti
 def _damage(store, how: str) -> None:
     action, name = how.split(" ")
     (entry,) = store.entries()
-    path = entry.path / IMAGE_DIR / name
+    path = image_dir(entry) / name
     if action == "remove":
         path.unlink()
     elif action == "truncate":

@@ -268,8 +268,9 @@ class DocumentStore:
             raise StorageError(f"cannot read KV store {self.root}: {error.strerror}") from None
 
     def _remove_abandoned(self) -> None:
-        """Temporary and trash directories of processes that are gone."""
-        for path in self.root.iterdir():
+        """Temporary and trash directories of processes that are gone: entries, and what was being added to an
+        entry (a sparse image)."""
+        for path in [*self.root.iterdir(), *(inner for entry in self._entry_dirs() for inner in _listing(entry))]:
             name = path.name
             pid = _writer_pid(name) if name.startswith((_TEMPORARY, _TRASH)) else None
             if pid is not None and not process_exists(pid):
@@ -285,6 +286,14 @@ def disk_bytes(directory: Path) -> int:
         except FileNotFoundError:
             continue
     return total
+
+
+def _listing(directory: Path) -> list[Path]:
+    """What `directory` holds; nothing once another process removed it."""
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 def _common_blocks(stored: list[str], keys: list[str], limit: int) -> int:

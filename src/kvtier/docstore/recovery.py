@@ -2,7 +2,8 @@
 
 The prompt's longest stored prefix is loaded into the cache and the rest prefilled, recorded into a new entry
 when the prompt publishes one (reuse.py); after `place_prompt`, what the cache placed (the sparse tiers) goes
-into that entry too, and the entry is published when the answer is done. A stored entry found damaged, when the
+into that entry too (or into the reused entry, when it lacks them), and the entry is published when the answer
+is done. A stored entry found damaged, when the
 cache is built on it, while its K/V are replayed, or while the decode reads it in place (a sparse image, offload's
 stored K/V), is handled as the store's `on_corrupt` says: `fail` raises the error and keeps the entry; `recompute`
 removes it and the prompt goes in again cold. Found while decoding, the entry being written is dropped too (it may
@@ -82,8 +83,7 @@ class PromptIn:
         (before a decode step changes it). A stored prefix the cache reads in place that fails a check drops that
         entry and is raised (`fail`) or dropped, raising StoredPrefixDropped (`recompute`)."""
         try:
-            if self.writer is not None:
-                store_placed(cache, self.writer)
+            store_placed(cache, self.reuse, self.writer)
             yield
         except (ChecksumError, CorruptEntry) as error:
             stored = cache.stored_in_place()
@@ -105,13 +105,20 @@ class PromptIn:
         return self.into_cache()
 
 
-def store_placed(cache: KVCache, writer: EntryWriter) -> None:
-    """After `place_prompt`: add what `cache` placed to the entry `writer` writes (from the stored image the cache
-    uses, where its slots are still the image's); a failed write leaves the entry without it."""
-    if writer.failure is not None:
+def store_placed(cache: KVCache, reuse: PromptReuse | None, writer: EntryWriter | None) -> None:
+    """After `place_prompt`: add what `cache` placed (the sparse tiers) to the entry `writer` writes, or, when the
+    prompt writes none, to the stored entry it reuses, if that entry lacks them for the cache's settings (a document
+    first stored by another KV mode gains them). A failed write leaves the entry without them."""
+    if writer is not None:
+        if writer.failure is not None:
+            return
+        entry_dir, tokens = writer.directory, writer.blocks_written * writer.meta.block_tokens
+    elif reuse is not None and reuse.match is not None:
+        entry_dir, tokens = reuse.match.entry.path, reuse.match.tokens
+    else:
         return
     try:
-        cache.save_placed(writer.directory, writer.blocks_written * writer.meta.block_tokens)
+        cache.save_placed(entry_dir, tokens)
     except OSError as error:
         log.warning("cannot store the sparse tiers with the document (%s); it is stored without them",
                     error.strerror or error)

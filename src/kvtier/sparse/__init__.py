@@ -19,7 +19,6 @@ _FACE = {
     "SparseSettings": "kvtier.sparse.settings",
     "parse_beta": "kvtier.sparse.settings",
     "SCORE_BITS": "kvtier.sparse.cold.sketch",
-    "IMAGE_DIR": "kvtier.sparse.cold.cold_image",
     "decoding": "kvtier.sparse.threads",
     "machine_threads": "kvtier.sparse.threads",
     "thread_settings": "kvtier.sparse.threads",

@@ -23,7 +23,7 @@ from kvtier.errors import ConfigError, setting
 from kvtier.kv.contract import SelectiveKVCache
 from kvtier.kv.model_geometry import model_geometry, text_config
 from kvtier.sparse import attention
-from kvtier.sparse.cold.cold_image import IMAGE_DIR, ColdImage, save_image
+from kvtier.sparse.cold.cold_image import ColdImage, save_image
 from kvtier.sparse.layer import SparseLayer
 from kvtier.sparse.lookahead import Lookahead, QueryForecast
 from kvtier.sparse.planner import Plan
@@ -71,10 +71,10 @@ class SparseCache(Cache, SelectiveKVCache):
                 layer.distribute()
 
     def save_placed(self, entry_dir: Path, tokens: int) -> None:
-        """After `place_prompt`: write the placed tiers of positions < `tokens` into the document store entry being
-        written in `entry_dir` (its sparse image, cold_image.py)."""
+        """After `place_prompt`: add the placed tiers of positions < `tokens` to the document store entry in
+        `entry_dir` (its sparse image, cold_image.py), unless it holds them for these settings."""
         layers = sorted((layer for layer in self.layers if isinstance(layer, SparseLayer)), key=lambda layer: layer.tier)
-        save_image(entry_dir / IMAGE_DIR, self.runtime, layers, tokens)
+        save_image(entry_dir, self.runtime, layers, tokens)
 
     def locate(self, row: int) -> None:
         """In a packed forward of several sequences (the serving engine's), this batch-1 cache's token is at `row`:
@@ -151,10 +151,10 @@ class SparseCache(Cache, SelectiveKVCache):
 
 def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_size: int, storage_dir: str,
                       device_budget: int, host_budget: int, tiered_layers: list[int],
-                      io_threads: int = 8, image_dir: Path | None = None, image_tokens: int = 0,
+                      io_threads: int = 8, entry_dir: Path | None = None, image_tokens: int = 0,
                       route_attention: bool = True) -> SparseCache:
-    """A SparseCache for up to `max_tokens` tokens per sequence of `model`; `image_dir`: a stored sparse image of
-    the first `image_tokens` prompt tokens, used in place if it fits these settings (SparseRuntime)."""
+    """A SparseCache for up to `max_tokens` tokens per sequence of `model`; `entry_dir`: the document store entry
+    of the first `image_tokens` prompt tokens, whose sparse image for these settings is used in place (SparseRuntime)."""
     settings = settings.validated()
     config = text_config(model)
     geometry = model_geometry(model, tiered_layers)
@@ -169,7 +169,7 @@ def make_sparse_cache(model, settings: SparseSettings, max_tokens: int, batch_si
     if route_attention:  # else the caller routes the model's attention (the serving engine: attention.function)
         attention.install(model)
     runtime = SparseRuntime(settings, max_tokens, batch_size, heads, config.num_attention_heads, head_dim,
-                            model.dtype, len(tiered_layers), storage_dir, max_hot, io_threads, image_dir, image_tokens)
+                            model.dtype, len(tiered_layers), storage_dir, max_hot, io_threads, entry_dir, image_tokens)
     if settings.lookahead:
         try:
             forecast = QueryForecast(model, heads, summed=settings.aggregation == "sum")

@@ -34,9 +34,9 @@ class SparseRuntime:
 
     def __init__(self, settings: SparseSettings, max_tokens: int, batch: int, heads: int, q_heads: int,
                  head_dim: int, dtype: torch.dtype, tiered: int, storage_dir: str, max_hot_tokens: int,
-                 io_threads: int, image_dir: Path | None = None, image_tokens: int = 0) -> None:
-        """`image_dir`: a stored sparse image (cold_image.py) for the first `image_tokens` prompt tokens, used in place
-        when it was made with these settings."""
+                 io_threads: int, entry_dir: Path | None = None, image_tokens: int = 0) -> None:
+        """`entry_dir`: the document store entry holding the first `image_tokens` prompt tokens; its sparse image
+        for these settings (cold_image.py), if it holds one, is used in place."""
         self.settings = settings
         self.tiered, self.batch = tiered, batch
         self.max_tokens = max_tokens
@@ -62,7 +62,7 @@ class SparseRuntime:
         self.scorer: ScorerClient | None = None
         self.lookahead: Lookahead | None = None  # set by make_sparse_cache, which has the model, before the layers
         try:
-            self.image = ColdImage.open(image_dir, image_key(self), image_tokens) if image_dir is not None else None
+            self.image = ColdImage.open(entry_dir, image_key(self), image_tokens) if entry_dir is not None else None
             if self.image is not None:
                 self.plan = Plan(**self.image.plan)
                 # the image's reads get an engine of their own: a fetch has one batch in flight on each file at once

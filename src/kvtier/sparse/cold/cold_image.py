@@ -1,7 +1,9 @@
 """A stored sparse tier image: a placed prompt's cold pool, kept with its document KV store entry and used in place.
 
 After the prompt of a run that publishes a document is placed (before any decode
-step changes the pools), `save_image` writes into the entry's temporary directory:
+step changes the pools), `save_image` writes into the entry's directory
+`sparse-<digest of image_key>` (one per sparse settings: a document first stored by a dense run,
+or by other settings, gains the image of the first sparse run that places it):
 
     cold.kv, cold.sketch          the cold pool's K|V records and key sketches, copied region by region in the
                                   kernel (copy_file_range) at the run's own offsets
@@ -9,7 +11,8 @@ step changes the pools), `save_image` writes into the entry's temporary director
     tables.npz                    per tiered layer: the positions in the cold slots and in the hot pool, the hit table
     image.json                    key, layouts, APP's plan, the tables' crc32c; checksummed like meta.json
 
-Only positions the entry stores and that were pooled (not in the run's recent
+The image is written under a temporary name and renamed, so a reader sees all of
+it or none (of two runs adding one image at once, one wins). Only positions the entry stores and that were pooled (not in the run's recent
 window) are imaged, so the tail of a cold region past them is not part of it.
 A later run of the same settings (`image_key`) opens it (`ColdImage.open`):
 every file is checked before use, its cold files are read in place through
@@ -25,10 +28,13 @@ from both, checked in both, merged and given a new crc.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import logging
 import os
 import shutil
+import uuid
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,7 +51,7 @@ from kvtier.storage.pages import pages_holding
 from kvtier.storage.sealed_json import BrokenSeal, seal, unseal
 
 log = logging.getLogger(__name__)
-IMAGE_DIR = "sparse"
+IMAGE_PREFIX = "sparse-"
 IMAGE_VERSION = 3  # 2: page crcs per read unit (512 B where O_DIRECT takes sectors), not per 4 KiB; 3: placed by the
 # observation window's selection scores (placement.py), not its attention mass
 META, TABLES, KV, SKETCH, CRC = "image.json", "tables.npz", "cold.kv", "cold.sketch", ".crc"
@@ -75,35 +81,57 @@ def image_key(runtime) -> dict:
             "max_hot_tokens": runtime.max_hot_tokens}
 
 
-def save_image(directory: Path, runtime, layers: list, tokens: int) -> None:
-    """Write the image of the placed `layers` (SparseLayers, in tier order) for positions < `tokens`; nothing for a
-    batch (a document entry holds one sequence) or an empty pool. A pool over a stored image (ColdPool's base)
-    images the base's records where its slots are still the base's."""
+def image_name(key: dict) -> str:
+    """The directory, inside a document store entry, of the image made with the settings `key` (image_key)."""
+    return IMAGE_PREFIX + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def save_image(entry_dir: Path, runtime, layers: list, tokens: int) -> None:
+    """Add to the store entry in `entry_dir` the image of the placed `layers` (SparseLayers, in tier order) for
+    positions < `tokens`, unless it holds one for these settings; nothing for a batch (an entry holds one sequence)
+    or an empty pool. A pool over a stored image (ColdPool's base) images the base's records where its slots are
+    still the base's."""
     if runtime.batch != 1 or runtime.plan is None:
+        return
+    target = entry_dir / image_name(image_key(runtime))
+    if target.exists():
         return
     if runtime.image is not None and runtime.image.kv_pages.page != runtime.cold.kv.page:
         log.warning("the stored sparse image's %d-byte pages differ from this disk's %d: the document is stored "
                     "without its sparse tiers", runtime.image.kv_pages.page, runtime.cold.kv.page)
         return
+    directory = entry_dir / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     directory.mkdir()
     try:
-        imaged = [_imaged_layer(layer, runtime, tokens) for layer in layers]
-        cold = runtime.cold
-        owned = [cold.channel.overlay[tier, 0, : len(layer.cold)].astype(bool) for tier, layer in enumerate(imaged)]
-        for name, own, base in _record_files(runtime):
-            pages = _copy_regions(own, base, directory / name, owned)
-            write_new_file(directory / (name + CRC), pages.to_bytes())
-        tables = _tables_bytes(imaged)
-        write_new_file(directory / TABLES, tables)
-        write_new_file(directory / META, seal({
-            "key": image_key(runtime), "tokens": min(_placed_until(layer, tokens) for layer in layers),
-            "plan": asdict(runtime.plan), "kv_layout": cold.kv.layout.to_dict(),
-            "sketch_layout": cold.sketches.layout.to_dict(), "tables_crc32c": checksum(tables),
-            "kv_page": cold.kv.page, "sketch_page": cold.sketches.page}))
-        fsync_directory(directory)
+        _write_image(directory, runtime, layers, tokens)
+        try:
+            os.rename(directory, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            shutil.rmtree(directory)  # another run added the same image meanwhile
+            return
+        fsync_directory(entry_dir)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
+
+
+def _write_image(directory: Path, runtime, layers: list, tokens: int) -> None:
+    imaged = [_imaged_layer(layer, runtime, tokens) for layer in layers]
+    cold = runtime.cold
+    owned = [cold.channel.overlay[tier, 0, : len(layer.cold)].astype(bool) for tier, layer in enumerate(imaged)]
+    for name, own, base in _record_files(runtime):
+        pages = _copy_regions(own, base, directory / name, owned)
+        write_new_file(directory / (name + CRC), pages.to_bytes())
+    tables = _tables_bytes(imaged)
+    write_new_file(directory / TABLES, tables)
+    write_new_file(directory / META, seal({
+        "key": image_key(runtime), "tokens": min(_placed_until(layer, tokens) for layer in layers),
+        "plan": asdict(runtime.plan), "kv_layout": cold.kv.layout.to_dict(),
+        "sketch_layout": cold.sketches.layout.to_dict(), "tables_crc32c": checksum(tables),
+        "kv_page": cold.kv.page, "sketch_page": cold.sketches.page}))
+    fsync_directory(directory)
 
 
 def _placed_until(layer, tokens: int) -> int:
@@ -246,16 +274,17 @@ class ColdImage:
         self.bytes_read = bytes_read  # tables and checksums; the cold files are read in place, per step
 
     @classmethod
-    def open(cls, directory: Path, key: dict, tokens: int) -> ColdImage | None:
-        """The image in `directory` for a run of `key` reusing `tokens` tokens; None (with a message) when there is
-        none or it was made for other settings. Raises CorruptImage when a check fails."""
+    def open(cls, entry_dir: Path, key: dict, tokens: int) -> ColdImage | None:
+        """The image in the store entry `entry_dir` for a run of `key` reusing `tokens` tokens; None (with a
+        message) when the entry holds none for these settings. Raises CorruptImage when a check fails."""
+        directory = entry_dir / image_name(key)
         if not directory.is_dir():
+            log.info("KV store entry %s holds no sparse tiers for these settings yet: the document is placed afresh "
+                     "and they are stored with it", entry_dir.name)
             return None
         meta = _read_meta(directory / META)
         if meta["key"] != key:
-            log.warning("the KV store entry's sparse image was made with other sparse settings (%s); placing the "
-                        "prefix again", _difference(meta["key"], key))
-            return None
+            raise CorruptImage(f"{directory / META}: made for other sparse settings ({_difference(meta['key'], key)})")
         tables = _read(directory / TABLES)
         if checksum(tables) != meta["tables_crc32c"]:
             raise CorruptImage(f"{directory / TABLES}: fails its checksum")
