@@ -29,8 +29,20 @@ def test_store_list_does_not_import_torch_or_transformers(tmp_path):
     assert _imports_after(["store", "list", "--kv-store", str(tmp_path / "store")]) == set()
 
 
+def test_no_command_module_imports_torch_or_transformers():
+    """Every module of kvtier.commands (the parsers, their shared options) imports neither: they leave them to `run`."""
+    code = ("import importlib, pkgutil, sys\nimport kvtier.commands as commands\n"
+            "for module in pkgutil.iter_modules(commands.__path__):\n"
+            "    importlib.import_module(f'kvtier.commands.{module.name}')\n"
+            "print(sorted(name for name in ('torch', 'transformers') if name in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize("args", [["--help"], ["bench", "--help"], ["generate", "--help"], ["serve", "--help"],
-                                  ["batch", "--help"], ["demo", "--help"]])
+                                  ["batch", "--help"], ["demo", "--help"],
+                                  *(["bench", name, "--help"] for name in BENCH_COMMANDS)])
 def test_help_is_given_before_torch_is_imported(args):
     assert _imports_after(args) == set()
 
@@ -38,7 +50,11 @@ def test_help_is_given_before_torch_is_imported(args):
 @pytest.mark.parametrize("args", [["generate", "--prompt", "x", "--alpha", "0"], ["generate", "--no-such-option"],
                                   ["demo", "--beta", "-1"], ["serve", "--port", "70000"],
                                   ["batch", "--file", "prompts.jsonl", "--swap", "tape"],
-                                  ["batch", "--file", "missing.jsonl", "--block-tokens", "8"]])
+                                  ["batch", "--file", "missing.jsonl", "--block-tokens", "8"],
+                                  ["bench", "sparse", "--score-bits", "3"], ["bench", "serve", "--load-format", "fast"],
+                                  ["bench", "http", "--clients", "many"], ["bench", "store", "--kv", "paged"],
+                                  ["bench", "accuracy", "--depths", "2"], ["bench", "latency", "--experiments", "z"],
+                                  ["bench", "report", "--no-such-option"], ["bench", "vllm-tier", "--models", "gpt-17"]])
 def test_an_argument_error_is_reported_before_torch_is_imported(args):
     assert _imports_after(args, status=2) == set()
 

@@ -31,16 +31,13 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from kvtier.commands.bench_options import add_run_options, check_writable, storage_directory
 from kvtier.commands.kv_options import add_model_option
+from kvtier.data.needle import VARIANTS
 from kvtier.errors import ConfigError
-from kvtier.eval.accuracy.accuracy_bench import GRIDS, AccuracyOptions, Grid, run_accuracy
+from kvtier.eval.accuracy.accuracy_grid import GRIDS, Grid
 from kvtier.eval.accuracy.budgets import BudgetShares
-from kvtier.eval.accuracy.needle_grid import VARIANTS
-from kvtier.modes import KV_MODES, KVConfig
-from kvtier.models.loader import load_model
+from kvtier.kv_config import KV_MODES, KVConfig
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -61,12 +58,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(1)  # the sparse scorer process needs the other core
     grid = _grid_from(args)
     modes = _modes(args.modes)
     shares = _shares(args)
     check_writable(args.out)
     storage_dir = storage_directory(args.storage_dir)
+    import torch  # only now: torch takes seconds, the options are checked first
+
+    from kvtier.eval.accuracy.accuracy_bench import AccuracyOptions, run_accuracy
+    from kvtier.models.loader import load_model
+
+    torch.set_num_threads(1)  # the sparse scorer process needs the other core
     llm = load_model(args.model)
     run_accuracy(llm, grid, modes, shares,
                  AccuracyOptions(args.corpus, args.alpha, args.beta, storage_dir, args.out, args.force))

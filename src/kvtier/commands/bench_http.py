@@ -19,10 +19,10 @@ from pathlib import Path
 from kvtier.commands.bench_options import add_flash_dir_option, check_writable, flash_dir_from
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import ConfigError
-from kvtier.models.loader import load_model
-from kvtier.eval.serving.http_bench import CLIENT_LEVELS, render_markdown, requests_for, run_http_benchmark
 from kvtier.engine.config import EngineConfig
 from kvtier.eval.serving.documents_workload import WORKLOADS, DocumentsWorkload
+
+CLIENT_LEVELS = (1, 8, 32, 64)  # the concurrent client counts a run measures (--clients)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -88,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(block_tokens=args.block_tokens, device_blocks=args.device_blocks,
                           swap_space=args.swap_space, flash_path=str(flash_dir / "bench-http.kvc"),
                           max_num_seqs=max(levels)).validated()
+    # only now: torch takes seconds, the options are checked first
+    from kvtier.eval.serving.http_bench import render_markdown, requests_for, run_http_benchmark
+    from kvtier.models.loader import load_model
+
     llm = load_model(args.model, dtype=args.dtype)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     count = requests_for(max(levels), args.requests_per_client, args.min_requests)
@@ -111,8 +115,6 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run_documents(args: argparse.Namespace) -> int:
     """`--workload documents` (kvtier.eval.serving.documents_bench explains the method)."""
-    from kvtier.eval.serving.documents_bench import render_documents_markdown, run_documents_benchmark
-
     if min(args.documents, args.document_tokens, args.new_tokens, args.repeats, args.max_tiered_seqs) < 1:
         raise ConfigError("--documents, --document-tokens, --new-tokens, --repeats and --max-tiered-seqs must be "
                           "positive")
@@ -120,6 +122,10 @@ def run_documents(args: argparse.Namespace) -> int:
     workload = DocumentsWorkload(args.documents, args.document_tokens, args.new_tokens, args.device_kv_budget,
                                  args.host_kv_budget, args.max_tiered_seqs, args.repeats)
     base = EngineConfig(block_tokens=args.block_tokens, swap_space=args.swap_space).validated()
+    # only now: torch takes seconds, the options are checked first
+    from kvtier.eval.serving.documents_bench import render_documents_markdown, run_documents_benchmark
+    from kvtier.models.loader import load_model
+
     llm = load_model(args.model, dtype=args.dtype)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result = run_documents_benchmark(llm, workload, base, flash_dir_from(args), say)

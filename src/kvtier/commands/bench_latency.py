@@ -32,16 +32,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-import torch
-
 from kvtier.commands.bench_options import add_run_options, check_writable, storage_directory
 from kvtier.data.corpus import load_corpus
 from kvtier.errors import ConfigError
 from kvtier.eval.accuracy.corpus_slice import CHARS_PER_TOKEN_BOUND, STRIDE_CHARS
-from kvtier.eval.sparse.latency import RunOptions, check_contexts, run_experiment
 from kvtier.eval.sparse.latency_grid import EXPERIMENTS, GRIDS, Grid, experiment_cells, parse_experiments, parse_modes
-from kvtier.models.loader import load_model
-from kvtier.sparse import machine_threads
 
 LIST_OPTIONS = {"contexts": int, "batches": int, "stress_batches": int, "betas": float, "alphas": float}
 NUMBER_OPTIONS = ("new_tokens", "fixed_context", "fixed_beta")
@@ -70,7 +65,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.sparse.threads)
     grid = grid_from(args)
     letters, modes = parse_experiments(args.experiments), parse_modes(args.modes)
     if args.repeats < 1 or not 0 < args.host_share <= 1 or not 0 <= args.device_share <= 1:
@@ -78,6 +72,13 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out)
     storage_dir = storage_directory(args.storage_dir)
     cells = {letter: experiment_cells(letter, grid, modes, args.repeats, args.host_share) for letter in letters}
+    import torch  # only now: torch takes seconds, the options are checked first
+
+    from kvtier.eval.sparse.latency import RunOptions, check_contexts, run_experiment
+    from kvtier.models.loader import load_model
+    from kvtier.sparse import machine_threads
+
+    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.sparse.threads)
     llm = load_model(args.model or grid.model)
     check_contexts(llm, [cell for group in cells.values() for cell in group])
     longest = max(cell.context for group in cells.values() for cell in group)

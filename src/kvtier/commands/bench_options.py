@@ -13,8 +13,8 @@ from pathlib import Path
 from kvtier.data.corpus import CORPUS_NAMES
 from kvtier.errors import StorageError
 from kvtier.eval.accuracy.budgets import BudgetShares
-from kvtier.modes import default_storage_dir
-from kvtier.models.loader import LOAD_FORMATS
+from kvtier.kv_config import default_storage_dir
+from kvtier.models.load_formats import LOAD_FORMATS
 from kvtier.paths import cache_dir
 
 

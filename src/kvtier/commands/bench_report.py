@@ -13,7 +13,6 @@ import argparse
 from pathlib import Path
 
 from kvtier.commands.bench_options import check_writable
-from kvtier.eval.report.markdown_report import appendices, write_report
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,6 +24,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     check_writable(args.results)
+    # only now: the report's modules import torch (seconds), the options are checked first
+    from kvtier.eval.report.markdown_report import appendices, write_report
+
     report, plots = write_report(args.results, appendices(args.results))
     print(f"wrote {report} and {len(plots)} plots in {args.results / 'plots'}")
     return 0

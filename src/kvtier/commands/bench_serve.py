@@ -25,9 +25,7 @@ from pathlib import Path
 
 from kvtier.commands.bench_options import add_device_options, add_flash_dir_option, flash_dir_from
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
-from kvtier.eval.serving.serve_bench import SWEEP_BLOCKS, render_markdown, run_serve_benchmark
-from kvtier.eval.serving.workload import Workload
-from kvtier.models.loader import load_model
+from kvtier.eval.serving.workload import SWEEP_BLOCKS, Workload
 from kvtier.units import parse_size
 
 DEFAULT_SCALE = 1 / 32
@@ -58,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
     flash_dir = flash_dir_from(args)
     sweep = tuple(int(value) for value in args.sweep.split(",") if value.strip())
     workload = Workload().scaled(args.scale)
+    # only now: torch takes seconds, the options are checked first
+    from kvtier.eval.serving.serve_bench import render_markdown, run_serve_benchmark
+    from kvtier.models.loader import load_model
+
     llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     say(f"[bench serve] {llm.name}: {workload.requests} requests of {workload.min_prompt_tokens}-"

@@ -35,15 +35,11 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
-import torch
-
 from kvtier.commands.bench_options import add_device_options, check_writable, storage_directory
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.commands.store_options import add_store_options, store_from
 from kvtier.data.corpus import CORPUS_NAMES
-from kvtier.eval.sparse.sparse_bench import SparseBench, run_sparse_benchmark, write_results
-from kvtier.models.loader import load_model
-from kvtier.sparse import SCORE_BITS, SparseSettings, machine_threads
+from kvtier.sparse import SCORE_BITS, SparseSettings
 
 
 def add_parser(subparsers) -> None:
@@ -79,10 +75,16 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.sparse.threads)
     check_writable(args.out)
     storage_dir = str(storage_directory(args.storage_dir))
     store = store_from(args)
+    import torch  # only now: torch takes seconds, the options are checked first
+
+    from kvtier.eval.sparse.sparse_bench import SparseBench, run_sparse_benchmark, write_results
+    from kvtier.models.loader import load_model
+    from kvtier.sparse import machine_threads
+
+    torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.sparse.threads)
     llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     bench = SparseBench(**{field.name: getattr(args, field.name) for field in fields(SparseBench)})
     write_results(run_sparse_benchmark(llm, bench, storage_dir, args.device, args.dtype, store), args.out)

@@ -17,7 +17,6 @@ from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.data.corpus import CORPUS_NAMES
 from kvtier.errors import ConfigError
 from kvtier.eval.sparse.store_bench import MODES, StoreBench, run_store_benchmark, write_results
-from kvtier.models.loader import load_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -41,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown or args.repeats < 1:
         raise ConfigError(f"--kv takes {', '.join(MODES)} (comma-separated), --repeats at least 1")
     check_writable(args.out)
+    from kvtier.models.loader import load_model  # only now: torch takes seconds, the options are checked first
+
     llm = load_model(args.model, dtype=args.dtype)  # its tokenizer cuts the document; each question loads its own
     bench = StoreBench(args.model, args.dtype, args.context, args.new_tokens, args.repeats, args.corpus)
     write_results(run_store_benchmark(llm, bench, modes, args.kv_store), args.out)

@@ -42,12 +42,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from kvtier.eval.serving.vllm_tier import MODEL_BLOCKS, run_vllm_tier_benchmark
 
-    try:
-        import vllm.v1.kv_offload.tiering.spec  # noqa: F401
-    except ImportError as error:
-        raise ConfigError(f"vLLM 0.33 is not importable ({error}); install it: pip install 'kvtier[vllm]' "
-                          "(on a CPU-only machine: make vllm)") from None
-
     models = [name.strip() for name in args.models.split(",") if name.strip()]
     unknown = [name for name in models if name not in MODEL_BLOCKS]
     if unknown or not models:
@@ -56,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
     base = args.dir or Path.cwd()
     if not base.is_dir():
         raise StorageError(f"--dir {base} is not a directory; create it or pass another")
+    try:  # only now: vLLM imports torch (seconds), the options are checked first
+        import vllm.v1.kv_offload.tiering.spec  # noqa: F401
+    except ImportError as error:
+        raise ConfigError(f"vLLM 0.33 is not importable ({error}); install it: pip install 'kvtier[vllm]' "
+                          "(on a CPU-only machine: make vllm)") from None
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     settings = {"models": models, "total_bytes": parse_size(args.total), "chunks_per_job": args.chunks_per_job,
                 "window": args.window, "repeats": args.repeats, "io_threads": args.io_threads,

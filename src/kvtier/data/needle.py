@@ -24,6 +24,10 @@ from kvtier.errors import ConfigError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+# The prompts above by name: one needle, several with unrelated keys, several with similar keys (the needle
+# grids' variants; kvtier.eval.accuracy.needle_grid builds each).
+VARIANTS = ("single", "multi-needle", "multi-key")
+
 _ATTRIBUTES = ("secret code", "access number", "lucky number", "room number", "combination", "passcode")
 _ADJECTIVES = (
     "blue", "red", "green", "silver", "golden", "crimson", "amber", "violet", "white", "black", "copper",

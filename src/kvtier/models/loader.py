@@ -28,10 +28,10 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvtier.errors import ConfigError, ModelError
 from kvtier.models.install import file_sha256, model_status, pull
+from kvtier.models.load_formats import LOAD_FORMATS
 from kvtier.paths import converted_dir, partial_path, remove_abandoned_partials
 from kvtier.models.registry import DEFAULT_MODEL, REGISTRY, ModelSpec, find_spec_by_sha256
 
-LOAD_FORMATS = ("auto", "dummy")
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # What transformers raises for unreadable, corrupt or incompatible checkpoints.

@@ -1,6 +1,7 @@
 """The accuracy grids (the benchmark runs end to end in tests/commands/test_bench_accuracy.py)."""
 
-from kvtier.eval.accuracy.accuracy_bench import GRIDS, full_contexts
+from kvtier.eval.accuracy.accuracy_bench import full_contexts
+from kvtier.eval.accuracy.accuracy_grid import GRIDS
 
 
 def test_full_grid_doubles_contexts_up_to_the_usable_context():

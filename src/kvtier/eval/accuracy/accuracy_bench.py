@@ -12,10 +12,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from kvtier.data.corpus import load_corpus
+from kvtier.data.needle import VARIANTS
 from kvtier.errors import ContextTooLongError, StorageError
 from kvtier.eval.accuracy.budgets import BudgetShares, cell_kv_config, kv_bytes_per_token
 from kvtier.eval.accuracy.corpus_slice import CHARS_PER_TOKEN_BOUND, STRIDE_CHARS
-from kvtier.eval.accuracy.needle_grid import ANSWER_TOKENS, MULTI_NEEDLES, VARIANTS, needle_cell, needle_summary
+from kvtier.eval.accuracy.accuracy_grid import Grid
+from kvtier.eval.accuracy.needle_grid import ANSWER_TOKENS, MULTI_NEEDLES, needle_cell, needle_summary
 from kvtier.eval.accuracy.perplexity import perplexity_cell, perplexity_summary
 from kvtier.eval.record import ResultStore, accepts_direct_io, cell_key, spread
 from kvtier.eval.report_text import spread_text, tally_text
@@ -23,21 +25,6 @@ from kvtier.units import format_size
 
 PROMPT_RESERVE = 128  # chat template and question around the haystack document
 FULL_CONTEXT_STEP = 256  # the full grid's longest context is rounded down to this
-
-
-@dataclass(frozen=True)
-class Grid:
-    contexts: tuple[int, ...] | None  # None: powers of two from 1024 up to the model's context
-    depths: tuple[float, ...]
-    variants: tuple[str, ...]
-    seeds: int
-    ppl_tokens: int
-
-
-GRIDS = {
-    "small": Grid((1024,), (0.1, 0.5, 0.9), VARIANTS, seeds=1, ppl_tokens=64),
-    "full": Grid(None, (0.0, 0.25, 0.5, 0.75, 1.0), VARIANTS, seeds=3, ppl_tokens=256),
-}
 
 
 @dataclass(frozen=True)

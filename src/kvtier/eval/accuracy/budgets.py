@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtier.kv.model_geometry import full_attention_layers, model_geometry, text_config
-from kvtier.modes import KVConfig
+from kvtier.kv_config import KVConfig
 
 MIN_DEVICE_TOKENS = 128
 

@@ -8,7 +8,7 @@ positions; its attention-mass recall is the mean over query heads of sum_{p in A
 `DenseAttentionProbe` captures a dense cache's one-token queries and full keys per layer
 while a forward pass runs (an attention-function wrapper around the model's current one);
 `AttendedPositions` collects what a mode's cache reports through `watch_attended`.
-Modes that attend every position exactly (`EXACT_MODES`) have recall 1.0 by definition.
+Modes that attend every position exactly (`kvtier.kv_config.EXACT_MODES`) have recall 1.0 by definition.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from kvtier.kv.contract import SelectiveKVCache
 from kvtier.eval.accuracy.recall import exact_mass
 
-EXACT_MODES = ("dense", "offload")
 PROBE_PREFIX = "kvtier_probe_"
 
 

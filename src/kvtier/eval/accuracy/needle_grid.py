@@ -19,14 +19,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvtier.data.corpus import load_corpus
-from kvtier.data.needle import HaystackPrompt, build_haystack, make_needles, score_answer
+from kvtier.data.needle import VARIANTS, HaystackPrompt, build_haystack, make_needles, score_answer
 from kvtier.errors import ConfigError
 from kvtier.eval.accuracy.corpus_slice import CHARS_PER_TOKEN_BOUND, corpus_slice
 from kvtier.generation import generate
 from kvtier.models.prompts import prompt_ids
 from kvtier.modes import KVConfig
 
-VARIANTS = ("single", "multi-needle", "multi-key")
 MULTI_NEEDLES = 3
 ANSWER_TOKENS = 16  # a four-digit value and end-of-sequence take a handful; room for a short sentence
 

@@ -24,9 +24,10 @@ from tqdm import tqdm
 
 from kvtier.data.corpus import load_corpus
 from kvtier.errors import ConfigError
-from kvtier.eval.accuracy.mass_recall import EXACT_MODES, AttendedPositions, DenseAttentionProbe, reports_attended
+from kvtier.eval.accuracy.mass_recall import AttendedPositions, DenseAttentionProbe, reports_attended
 from kvtier.eval.accuracy.corpus_slice import CHARS_PER_TOKEN_BOUND, corpus_slice
 from kvtier.eval.record import spread
+from kvtier.kv_config import EXACT_MODES
 from kvtier.models.prompts import check_context
 from kvtier.modes import KVConfig, make_cache
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtier.errors import StorageError
-from kvtier.eval.accuracy.mass_recall import EXACT_MODES
 from kvtier.eval.accuracy.budgets import MIN_DEVICE_TOKENS
 from kvtier.eval.sparse.latency_grid import ABLATION_STEPS, EXPERIMENTS, Experiment
 from kvtier.eval.accuracy.needle_grid import needle_summary
@@ -27,7 +26,7 @@ from kvtier.eval.report_text import spread_text, tally_text
 from kvtier.eval.serving.serve_bench import render_markdown as serve_markdown
 from kvtier.eval.sparse.sparse_bench import markdown as sparse_markdown
 from kvtier.eval.sparse.traffic import DIRECTIONS
-from kvtier.modes import KV_MODES
+from kvtier.kv_config import EXACT_MODES, KV_MODES
 from kvtier.sparse import describe_threads
 from kvtier.units import format_size
 

@@ -34,7 +34,6 @@ from kvtier.http.app import create_app
 from kvtier.http.backend import ServerSettings, build_backend
 from kvtier.http.runner import ServerThread
 
-CLIENT_LEVELS = (1, 8, 32, 64)
 BACKENDS = ("flash", "dram")
 SERVED_NAME = "bench"
 Progress = Callable[[str], None]

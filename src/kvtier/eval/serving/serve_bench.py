@@ -27,7 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kvtier.eval.serving.workload import Workload
+from kvtier.eval.serving.workload import SWEEP_BLOCKS, Workload
 from kvtier.kv.model_geometry import model_geometry
 from kvtier.engine.dram_swap import DramSwap
 from kvtier.engine.serving_engine import EngineConfig, LLMEngine, flash_backend
@@ -37,7 +37,6 @@ from kvtier.storage import IOEngine, aligned_buffer, open_direct
 from kvtier.storage.flash_log import FlashLog, NaiveReuseAllocator, SlotAllocator
 from kvtier.units import format_size
 
-SWEEP_BLOCKS = (16, 32, 64, 128, 256)
 Progress = Callable[[str], None]
 
 

@@ -1,4 +1,5 @@
-"""Benchmark workloads that force swapping: many long prompts, a device pool a fraction of their demand.
+"""Benchmark workloads that force swapping: many long prompts, a device pool a fraction of their demand; and the
+block sizes `kvtier bench serve` runs one at (`SWEEP_BLOCKS`).
 
 Prompts are windows of one tokenized text (generated offline from a fixed seed,
 so every run and every backend sees the same tokens). Outputs have a fixed
@@ -15,6 +16,8 @@ from kvtier.data.corpus import generate_text
 from kvtier.errors import ConfigError
 from kvtier.engine.block_manager import blocks_for
 from kvtier.engine.sequence import SamplingParams
+
+SWEEP_BLOCKS = (16, 32, 64, 128, 256)  # the serve benchmark's block-size sweep (the HiFC paper, Fig. 6)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvtier.errors import ConfigError
-from kvtier.eval.accuracy.mass_recall import EXACT_MODES
 from kvtier.eval.record import cell_key
-from kvtier.modes import KV_MODES
+from kvtier.kv_config import EXACT_MODES, KV_MODES
 
 PREFETCH_BASELINE = "infinigen"  # the paper's "Prefetch-based" baseline (InfiniGen)
 BETA_SWEEP_HOST_SHARE = 1.0  # host budget = the whole prompt KV: the cap M0 never decides the split
