@@ -16,14 +16,41 @@ def test_writes_a_cell_per_backend_and_client_count(tiny_model_dir, tmp_path):
                "--flash-dir", str(tmp_path / "flash"), "--out", str(out)])
     assert rc == 0
     result = json.loads((out / "http.json").read_text())
-    cells = {(cell["backend"], cell["clients"]): cell for cell in result["cells"]}
-    assert set(cells) == {(backend, clients) for backend in ("flash", "dram") for clients in (1, 4)}
+    cells = {(cell["setup"], cell["clients"]): cell for cell in result["cells"]}
+    assert set(cells) == {(f"{backend} swap", clients) for backend in ("flash", "dram") for clients in (1, 4)}
     assert result["requests"] == {"1": 2, "4": 4}
     for cell in cells.values():
         assert len(cell["runs"]) == 2
         ratios = [run["ratio"] for run in cell["runs"]]
         assert cell["ratio"] == statistics.median(ratios) and cell["ratio_spread"] == [min(ratios), max(ratios)]
         assert 0 < cell["ttft_p50_s"] <= cell["ttft_p99_s"] and 0 < cell["itl_p50_s"] <= cell["itl_p99_s"]
-    assert cells[("flash", 4)]["swap_outs"] > 0  # three blocks of 16 tokens cannot hold four growing sequences
+    assert cells[("flash swap", 4)]["swap_outs"] > 0  # three blocks of 16 tokens cannot hold four growing sequences
     markdown = (out / "http.md").read_text()
     assert "## flash swap" in markdown and "## dram swap" in markdown and "| 4 |" in markdown
+
+
+def test_the_random_workload_compares_step_budgets_and_reports_the_tails(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    rc = main(["bench", "http", "--workload", "random", "--model", str(tiny_model_dir), "--clients", "3",
+               "--min-requests", "4", "--new-tokens", "6", "--repeats", "1", "--max-batched-tokens", "400,64",
+               "--device-kv-budget", "1MiB", "--swap-space", "4MiB", "--flash-dir", str(tmp_path / "flash"),
+               "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "http-random.json").read_text())
+    assert {name: setup["max_batched_tokens"] for name, setup in result["setups"].items()} == {
+        "400 tokens per step": 400, "64 tokens per step": 64}
+    assert result["command"].startswith("kvtier bench http --workload random") and result["prompt_tokens"] == 384
+    for cell in result["cells"]:
+        assert cell["clients"] == 3 and cell["ttft_tail"] >= 1 and cell["itl_tail"] >= 1
+    assert "| TTFT tail |" in (out / "http-random.md").read_text()
+
+
+def test_random_prompts_are_the_asked_length_and_the_same_every_run(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from kvtier.commands.bench_http import random_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    texts = random_prompts(tokenizer, 3, 50)
+    assert texts == random_prompts(tokenizer, 3, 50) and len(set(texts)) == 3
+    assert all(len(tokenizer(text)["input_ids"]) == 50 for text in texts)

@@ -5,6 +5,9 @@ DRAM swap in the same run, and the server's throughput as a share of the offline
 same prompts (kvtier.eval.serving.http_bench explains the method). The device pool is small enough that the
 higher client counts swap. Prompts are short generated sentences; every request asks for
 --new-tokens tokens with ignore_eos, so every run generates the same number of tokens.
+`--workload random`: 48 prompts of 384 random tokens, 48 new tokens each, 16 clients, the engine's
+default budgets, for each --max-batched-tokens in turn: the tails (p99 / p50) of time to first token and
+inter-token latency (http-random.json and .md). `--workload documents`: see its option group.
 
 `add_parser` takes the sub-command group of `kvtier bench` (it adds `http` to it).
 """
@@ -13,48 +16,66 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from kvtier.commands.bench_options import add_flash_dir_option, check_writable, flash_dir_from
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import ConfigError
 from kvtier.engine.config import EngineConfig
-from kvtier.eval.serving.documents_workload import WORKLOADS, DocumentsWorkload
+from kvtier.eval.serving.documents_workload import DocumentsWorkload
 
-CLIENT_LEVELS = (1, 8, 32, 64)  # the concurrent client counts a run measures (--clients)
+WORKLOADS = ("short", "documents", "random")
+# The defaults of the options a workload reads, where the command line leaves them unset.
+PRESETS = {
+    "short": {"clients": "1,8,32,64", "min_requests": 8, "new_tokens": 12, "block_tokens": 16, "device_blocks": 48},
+    "documents": {"new_tokens": DocumentsWorkload.new_tokens, "block_tokens": 16,
+                  "device_kv_budget": DocumentsWorkload.device_kv_budget},
+    "random": {"clients": "16", "min_requests": 48, "new_tokens": 48, "block_tokens": EngineConfig.block_tokens,
+               "device_kv_budget": EngineConfig.device_kv_budget},
+}
+RANDOM_PROMPT_TOKENS = 384
+RANDOM_STEP_TOKENS = "512,256"  # the engine's default per-step token budget, and half of it
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("http", description=__doc__.split("\n\n")[1])
     add_model_option(parser)
     add_dtype_option(parser)
-    parser.add_argument("--clients", default=",".join(map(str, CLIENT_LEVELS)),
-                        help="concurrent client counts, comma-separated (default %(default)s)")
+    parser.add_argument("--workload", choices=WORKLOADS, default="short",
+                        help="short prompts at each --clients level, long stored documents, or random 384-token "
+                             "prompts for the latency tails (default %(default)s)")
+    parser.add_argument("--clients", default=None,
+                        help="concurrent client counts, comma-separated (default 1,8,32,64; random: 16)")
     parser.add_argument("--requests-per-client", type=int, default=1, help="requests per client (default %(default)s)")
-    parser.add_argument("--min-requests", type=int, default=8,
-                        help="requests of a level at least (default %(default)s)")
+    parser.add_argument("--min-requests", type=int, default=None,
+                        help="requests of a level at least (default 8; random: 48)")
     parser.add_argument("--new-tokens", type=int, default=None,
-                        help="tokens per request (default 12; with --workload documents 64)")
+                        help="tokens per request (default 12; documents: 64; random: 48)")
     parser.add_argument("--repeats", type=int, default=2, help="alternating repeats for medians (default %(default)s)")
-    parser.add_argument("--block-tokens", type=int, default=16, help="engine block size (default %(default)s)")
-    parser.add_argument("--device-blocks", type=int, default=48,
-                        help="device pool blocks, small enough to swap at the higher levels (default %(default)s)")
+    parser.add_argument("--block-tokens", type=int, default=None,
+                        help="engine block size (default 16; random: the engine's, 64)")
+    parser.add_argument("--device-blocks", type=int, default=None,
+                        help="device pool blocks, small enough to swap at the higher levels (default 48; random: "
+                             "--device-kv-budget)")
+    parser.add_argument("--device-kv-budget", default=None,
+                        help="the engine's device KV budget (documents: 64MiB; random: the engine's, 256MiB)")
+    parser.add_argument("--max-batched-tokens", default=RANDOM_STEP_TOKENS,
+                        help="random: the engine's per-step token budgets compared, comma-separated (default "
+                             "%(default)s)")
     parser.add_argument("--swap-space", default="256MiB", help="flash file / DRAM pool size (default %(default)s)")
     add_flash_dir_option(parser)
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
     documents = parser.add_argument_group(
         "--workload documents: stored long documents' questions streamed at once, tiered vs one at a time vs paged "
-        "(writes http-documents.json and .md; --new-tokens, --repeats and --block-tokens apply)")
-    documents.add_argument("--workload", choices=WORKLOADS, default="short",
-                           help="short prompts at each --clients level, or long documents (default %(default)s)")
+        "(writes http-documents.json and .md; --new-tokens, --repeats, --block-tokens and --device-kv-budget apply)")
     workload = DocumentsWorkload()
     documents.add_argument("--documents", type=int, default=workload.documents,
                            help="documents, two questions each (default %(default)s)")
     documents.add_argument("--document-tokens", type=int, default=workload.document_tokens,
                            help="tokens per document (default %(default)s)")
-    documents.add_argument("--device-kv-budget", default=workload.device_kv_budget,
-                           help="the engine's device KV budget (default %(default)s)")
     documents.add_argument("--host-kv-budget", default=workload.host_kv_budget,
                            help="the tiered sequences' host budget, over all of them (default %(default)s)")
     documents.add_argument("--max-tiered-seqs", type=int, default=workload.max_tiered_seqs,
@@ -63,26 +84,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-SHORT_NEW_TOKENS = 12
-
-
 def prompts(count: int) -> list[str]:
     """Short distinct prompts, the same every run."""
     topics = ["rivers", "bridges", "owls", "clocks", "volcanoes", "libraries", "comets", "violins"]
     return [f"Here is a short note about {topics[i % len(topics)]}, number {i}:" for i in range(count)]
 
 
+def random_prompts(tokenizer, count: int, tokens: int, seed: int = 0) -> list[str]:
+    """`count` texts of `tokens` random tokens each (about as many once tokenized again), the same every run."""
+    generator = random.Random(seed)
+    ordinary = [token for token in range(tokenizer.vocab_size) if token not in set(tokenizer.all_special_ids)]
+    return [tokenizer.decode([generator.choice(ordinary) for _ in range(tokens)]) for _ in range(count)]
+
+
 def run(args: argparse.Namespace) -> int:
+    for name, value in PRESETS[args.workload].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
     if args.workload == "documents":
-        args.new_tokens = DocumentsWorkload.new_tokens if args.new_tokens is None else args.new_tokens
         return run_documents(args)
-    args.new_tokens = SHORT_NEW_TOKENS if args.new_tokens is None else args.new_tokens
-    try:
-        levels = tuple(int(value) for value in args.clients.split(",") if value.strip())
-    except ValueError:
-        raise ConfigError(f"--clients wants comma-separated integers, got {args.clients!r}") from None
-    if not levels or min(levels) < 1 or min(args.new_tokens, args.repeats, args.requests_per_client) < 1:
-        raise ConfigError("--clients, --new-tokens, --repeats and --requests-per-client must be positive")
+    levels = _positive_integers(args.clients, "--clients")
+    if min(args.new_tokens, args.repeats, args.requests_per_client) < 1:
+        raise ConfigError("--new-tokens, --repeats and --requests-per-client must be positive")
+    if args.workload == "random":
+        return run_random(args, levels)
     check_writable(args.out)
     flash_dir = flash_dir_from(args)
     config = EngineConfig(block_tokens=args.block_tokens, device_blocks=args.device_blocks,
@@ -107,10 +132,12 @@ def run(args: argparse.Namespace) -> int:
 
 def command_line(args: argparse.Namespace) -> str:
     """The run's settings as the command that repeats it (the flash directory aside)."""
-    return (f"kvtier bench http --model {args.model} --dtype {args.dtype} --clients {args.clients} "
-            f"--requests-per-client {args.requests_per_client} --min-requests {args.min_requests} "
-            f"--new-tokens {args.new_tokens} --repeats {args.repeats} --block-tokens {args.block_tokens} "
-            f"--device-blocks {args.device_blocks} --swap-space {args.swap_space}")
+    pool = f"--device-blocks {args.device_blocks}" if args.device_blocks else f"--device-kv-budget {args.device_kv_budget}"
+    steps = f" --max-batched-tokens {args.max_batched_tokens}" if args.workload == "random" else ""
+    return (f"kvtier bench http --workload {args.workload} --model {args.model} --dtype {args.dtype} "
+            f"--clients {args.clients} --requests-per-client {args.requests_per_client} "
+            f"--min-requests {args.min_requests} --new-tokens {args.new_tokens} --repeats {args.repeats} "
+            f"--block-tokens {args.block_tokens} {pool} --swap-space {args.swap_space}{steps}")
 
 
 def run_documents(args: argparse.Namespace) -> int:
@@ -142,3 +169,38 @@ def documents_command_line(args: argparse.Namespace) -> str:
             f"--repeats {args.repeats} --block-tokens {args.block_tokens} --swap-space {args.swap_space} "
             f"--device-kv-budget {args.device_kv_budget} --host-kv-budget {args.host_kv_budget} "
             f"--max-tiered-seqs {args.max_tiered_seqs}")
+
+
+def run_random(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
+    """`--workload random`: the same random prompts through the server at each per-step token budget."""
+    budgets = _positive_integers(args.max_batched_tokens, "--max-batched-tokens")
+    check_writable(args.out)
+    config = EngineConfig(block_tokens=args.block_tokens, device_kv_budget=args.device_kv_budget,
+                          device_blocks=args.device_blocks, swap_space=args.swap_space,
+                          flash_path=str(flash_dir_from(args) / "bench-http.kvc"), max_num_seqs=max(levels)).validated()
+    setups = {f"{budget} tokens per step": replace(config, max_batched_tokens=budget) for budget in budgets}
+    # only now: torch takes seconds, the options are checked first
+    from kvtier.eval.serving.http_bench import render_markdown, requests_for, run_http_benchmark
+    from kvtier.models.loader import load_model
+
+    llm = load_model(args.model, dtype=args.dtype)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    count = requests_for(max(levels), args.requests_per_client, args.min_requests)
+    result = run_http_benchmark(llm, random_prompts(llm.tokenizer, count, RANDOM_PROMPT_TOKENS), config, levels,
+                                args.requests_per_client, args.min_requests, args.new_tokens, args.repeats, say, setups)
+    result = {"model": llm.name, "dtype": args.dtype, "prompt_tokens": RANDOM_PROMPT_TOKENS,
+              "command": command_line(args)} | result
+    (args.out / "http-random.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "http-random.md").write_text(render_markdown(result))
+    say(f"wrote {args.out / 'http-random.json'} and http-random.md")
+    return 0
+
+
+def _positive_integers(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(value) for value in text.split(",") if value.strip())
+    except ValueError:
+        raise ConfigError(f"{option} wants comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{option} wants positive integers, got {text!r}")
+    return values

@@ -1,7 +1,8 @@
 """`kvtier bench http`: the HTTP server under 1..64 concurrent streaming clients, against the offline engine.
 
-For each swap backend (flash, DRAM) a server is started in this process (uvicorn on loopback, the
-engine on its thread) and, for each client count c, c closed-loop clients stream `requests(c)`
+For each engine setup (by default the two swap backends, flash and DRAM; the random-prompt
+workload compares prefill token budgets) a server is started in this process (uvicorn on loopback,
+the engine on its thread) and, for each client count c, c closed-loop clients stream `requests(c)`
 completions through it (each client sends its next request when the previous one finished). The
 same prompts then run through the offline engine (`LLMEngine.generate`, as `kvtier batch` runs)
 with `max_num_seqs = c`, which is what c closed-loop clients allow the server: at most c sequences
@@ -11,7 +12,7 @@ of serving over HTTP (target >= 0.9).
 Each server start is followed by one untimed warm-up pass (the first forwards of a process pay for
 kernel set-up). Measured per run: generated tokens / wall seconds; time to first token (request sent -> first
 streamed text) and inter-token latency (gaps between streamed chunks, one token each) at p50/p99.
-Repeats alternate the backend order and the server/offline order; the tables give medians over
+Repeats alternate the setups' order and the server/offline order; the tables give medians over
 repeats with the spread (min-max). The clients (`load_client`) run in a process of their own, as
 a real client would: in the server's process their JSON parsing took the interpreter from the
 engine thread. They still share the machine's cores with the server.
@@ -65,8 +66,10 @@ def percentile(values: list[float], share: float) -> float:
 
 def run_http_benchmark(llm: Any, prompts: list[str], config: EngineConfig, levels: tuple[int, ...],
                        per_client: int, minimum: int, new_tokens: int, repeats: int,
-                       say: Progress = print) -> dict[str, Any]:
-    """Every (backend, level) cell, medians over `repeats` alternating runs, as one JSON-ready dict."""
+                       say: Progress = print, setups: dict[str, EngineConfig] | None = None) -> dict[str, Any]:
+    """Every (setup, level) cell, medians over `repeats` alternating runs, as one JSON-ready dict. `setups`: the
+    engine configurations compared, by name (default: `config` with each swap backend)."""
+    setups = setups or {f"{backend} swap": replace(config, swap=backend) for backend in BACKENDS}
     needed = requests_for(max(levels), per_client, minimum)
     if len(prompts) < needed:
         raise ValueError(f"{needed} prompts needed, {len(prompts)} given")
@@ -74,25 +77,26 @@ def run_http_benchmark(llm: Any, prompts: list[str], config: EngineConfig, level
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
     clients_process = ProcessPoolExecutor(1, mp_context=get_context("spawn"))
     try:
-        _measure(llm, prompts, ids, config, levels, per_client, minimum, new_tokens, repeats, clients_process,
+        _measure(llm, prompts, ids, setups, levels, per_client, minimum, new_tokens, repeats, clients_process,
                  samples, say)
     finally:
         clients_process.shutdown()
-    return {"levels": list(levels), "backends": list(BACKENDS), "repeats": repeats, "new_tokens": new_tokens,
+    return {"levels": list(levels), "setups": {name: asdict(setup) for name, setup in setups.items()},
+            "repeats": repeats, "new_tokens": new_tokens,
             "requests": {str(c): requests_for(c, per_client, minimum) for c in levels},
-            "engine": asdict(config) | {"swap": "per backend"},
-            "cells": [_summary(backend, clients, runs) for (backend, clients), runs in samples.items()]}
+            "cells": [_summary(name, clients, runs) for (name, clients), runs in samples.items()]}
 
 
-def _measure(llm: Any, prompts: list[str], ids: list[list[int]], config: EngineConfig, levels: tuple[int, ...],
-             per_client: int, minimum: int, new_tokens: int, repeats: int, clients_process: ProcessPoolExecutor,
-             samples: dict[tuple[str, int], list[dict[str, Any]]], say: Progress) -> None:
-    """Fill `samples` with one cell per (backend, level) and repeat, in alternating orders."""
+def _measure(llm: Any, prompts: list[str], ids: list[list[int]], setups: dict[str, EngineConfig],
+             levels: tuple[int, ...], per_client: int, minimum: int, new_tokens: int, repeats: int,
+             clients_process: ProcessPoolExecutor, samples: dict[tuple[str, int], list[dict[str, Any]]],
+             say: Progress) -> None:
+    """Fill `samples` with one cell per (setup, level) and repeat, in alternating orders."""
     for repeat in range(repeats):
-        for backend in BACKENDS if repeat % 2 == 0 else tuple(reversed(BACKENDS)):
-            swap_config = replace(config, swap=backend)
+        for name in list(setups) if repeat % 2 == 0 else list(reversed(setups)):
+            setup = setups[name]
             server_first = repeat % 2 == 0
-            with BenchServer(llm, swap_config) as (server, engine_stats):
+            with BenchServer(llm, setup) as (server, engine_stats):
                 def served(count: int, clients: int) -> LevelRun:
                     return clients_process.submit(drive, server.url, SERVED_NAME, prompts[:count], clients,
                                                   new_tokens).result()
@@ -101,11 +105,11 @@ def _measure(llm: Any, prompts: list[str], ids: list[list[int]], config: EngineC
                 engine_stats()
                 for clients in levels:
                     count = requests_for(clients, per_client, minimum)
-                    cell = _cell(llm, lambda: served(count, clients), ids[:count], swap_config, clients,
+                    cell = _cell(llm, lambda: served(count, clients), ids[:count], setup, clients,
                                  new_tokens, server_first)
                     cell["swap_outs"] = engine_stats()
-                    samples.setdefault((backend, clients), []).append(cell)
-                    say(f"[bench http] repeat {repeat + 1}/{repeats} {backend} c={clients}: server "
+                    samples.setdefault((name, clients), []).append(cell)
+                    say(f"[bench http] repeat {repeat + 1}/{repeats} {name} c={clients}: server "
                         f"{cell['server_tokens_per_s']:.1f} tok/s, offline {cell['offline_tokens_per_s']:.1f} tok/s, "
                         f"TTFT p50 {cell['ttft_p50_s'] * 1000:.0f} ms")
 
@@ -125,12 +129,14 @@ def _cell(llm: Any, served: Callable[[], LevelRun], ids: list[list[int]], config
     return {"server_tokens_per_s": run.tokens_per_s, "offline_tokens_per_s": offline_rate,
             "ratio": run.tokens_per_s / offline_rate, "wall_s": run.wall_s,
             "ttft_p50_s": percentile(run.ttft_s, 0.5), "ttft_p99_s": percentile(run.ttft_s, 0.99),
-            "itl_p50_s": percentile(run.itl_s, 0.5), "itl_p99_s": percentile(run.itl_s, 0.99)}
+            "ttft_tail": percentile(run.ttft_s, 0.99) / percentile(run.ttft_s, 0.5),
+            "itl_p50_s": percentile(run.itl_s, 0.5), "itl_p99_s": percentile(run.itl_s, 0.99),
+            "itl_tail": percentile(run.itl_s, 0.99) / percentile(run.itl_s, 0.5)}
 
 
-def _summary(backend: str, clients: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(setup: str, clients: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Median of each measure over the repeats, and its spread."""
-    return {"backend": backend, "clients": clients, "runs": runs} | medians(runs, list(runs[0]))
+    return {"setup": setup, "clients": clients, "runs": runs} | medians(runs, list(runs[0]))
 
 
 def medians(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
@@ -165,24 +171,27 @@ class BenchServer:
 
 
 def render_markdown(result: dict[str, Any]) -> str:
-    """The benchmark as one table per backend plus the method in two lines."""
-    engine = result["engine"]
+    """The benchmark as one table per engine setup plus the method in two lines."""
     lines = [f"# HTTP server benchmark: {result['model']}", "",
              f"`{result['command']}`", "",
              f"Each request streams {result['new_tokens']} tokens (ignore_eos) through /v1/completions; requests "
-             f"per level {', '.join(f'{c}: {n}' for c, n in result['requests'].items())}; device pool "
-             f"{engine['device_blocks']} blocks of {engine['block_tokens']} tokens; medians of {result['repeats']} "
-             "alternating repeats, spread (min-max) in brackets. Offline: the same prompts through the engine "
-             "with max_num_seqs = clients.", ""]
-    for backend in result["backends"]:
-        lines += [f"## {backend} swap", "",
+             f"per level {', '.join(f'{c}: {n}' for c, n in result['requests'].items())}; medians of "
+             f"{result['repeats']} alternating repeats, spread (min-max) in brackets. Offline: the same prompts "
+             "through the engine with max_num_seqs = clients. Tails: p99 / p50 of each run.", ""]
+    for name, setup in result["setups"].items():
+        pool = f"{setup['device_blocks']} blocks" if setup["device_blocks"] else setup["device_kv_budget"]
+        lines += [f"## {name}", "",
+                  f"Device pool {pool} of {setup['block_tokens']}-token blocks, {setup['swap']} swap, "
+                  f"{setup['max_batched_tokens']} tokens per step at most.", "",
                   "| clients | server tok/s | offline tok/s | server / offline | TTFT p50 ms | TTFT p99 ms "
-                  "| ITL p50 ms | ITL p99 ms | swap-outs |", "|---|---|---|---|---|---|---|---|---|"]
-        for cell in (c for c in result["cells"] if c["backend"] == backend):
+                  "| TTFT tail | ITL p50 ms | ITL p99 ms | ITL tail | swap-outs |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for cell in (c for c in result["cells"] if c["setup"] == name):
             lines.append(f"| {cell['clients']} | {spread(cell, 'server_tokens_per_s')} | "
                          f"{spread(cell, 'offline_tokens_per_s')} | {spread(cell, 'ratio', 3)} | "
                          f"{spread(cell, 'ttft_p50_s', 0, 1000)} | {spread(cell, 'ttft_p99_s', 0, 1000)} | "
-                         f"{spread(cell, 'itl_p50_s', 0, 1000)} | {spread(cell, 'itl_p99_s', 0, 1000)} | "
+                         f"{spread(cell, 'ttft_tail')} | {spread(cell, 'itl_p50_s', 0, 1000)} | "
+                         f"{spread(cell, 'itl_p99_s', 0, 1000)} | {spread(cell, 'itl_tail')} | "
                          f"{cell['swap_outs']:.0f} |")
         lines.append("")
     return "\n".join(lines)
