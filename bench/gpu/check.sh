@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks of the kvikio (GPUDirect Storage) flash path and of the sparse path's CUDA flow, in one go:
-# what README's GPU numbers come from. Run from the repository root on a machine with a CUDA device and torch:
+# The GPU checks of the kvikio (GPUDirect Storage) flash path, of the sparse path's CUDA flow and of the serving
+# engine's tiered sequences, in one go: what README's GPU numbers come from. Run from the repository root on a
+# machine with a CUDA device and torch:
 #   OUT=bench/results/gpu MODEL_DIR=<dir with config.json + tokenizer> bench/gpu/check.sh
 # kvikio comes from an installed package or from wheels in .whl/ (kvikio-cu13, libkvikio-cu13,
 # rapids-logger; crc32c and gguf too where kvtier's own dependencies are missing, setuptools >= 77 where the
@@ -47,3 +48,9 @@ timeout "${BENCH_TIMEOUT:-400}" "${KVTIER[@]}" bench serve --model "$MODEL_DIR" 
 timeout "${SPARSE_TIMEOUT:-300}" "${KVTIER[@]}" bench sparse --model "${SPARSE_MODEL_DIR:-$MODEL_DIR}" --load-format dummy \
     --device cuda --dtype bfloat16 --context "${SPARSE_CONTEXT:-8000}" --new-tokens 8 --repeats 2 --policies hit \
     --storage-dir "$FLASH_DIR" --out "$OUT" 2>&1 | progress_free | tee "$OUT/bench-sparse.log"
+
+# One serving engine with long documents: tiered sequences' windows and the paged pool on the GPU, hot pools in
+# host DRAM, cold pools on flash (kvtier bench http --workload documents), against one-at-a-time and paged-only.
+timeout "${DOCUMENTS_TIMEOUT:-420}" "${KVTIER[@]}" bench http --workload documents --model "$MODEL_DIR" \
+    --load-format dummy --device cuda --dtype bfloat16 --repeats 1 --flash-dir "$FLASH_DIR" --out "$OUT" 2>&1 \
+    | progress_free | tee "$OUT/bench-http-documents.log"

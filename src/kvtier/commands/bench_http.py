@@ -21,7 +21,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from kvtier.commands.bench_options import add_flash_dir_option, check_writable, flash_dir_from
+from kvtier.commands.bench_options import add_device_options, add_flash_dir_option, check_writable, flash_dir_from
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.errors import ConfigError
 from kvtier.engine.config import EngineConfig
@@ -44,6 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser("http", description=__doc__.split("\n\n")[1])
     add_model_option(parser)
     add_dtype_option(parser)
+    add_device_options(parser, "the model and the KV pool live (tiered sequences' windows too)")
     parser.add_argument("--workload", choices=WORKLOADS, default="short",
                         help="short prompts at each --clients level, long stored documents, or random 384-token "
                              "prompts for the latency tails (default %(default)s)")
@@ -93,7 +94,8 @@ def prompts(count: int) -> list[str]:
 def random_prompts(tokenizer, count: int, tokens: int, seed: int = 0) -> list[str]:
     """`count` texts of `tokens` random tokens each (about as many once tokenized again), the same every run."""
     generator = random.Random(seed)
-    ordinary = [token for token in range(tokenizer.vocab_size) if token not in set(tokenizer.all_special_ids)]
+    special = set(tokenizer.all_special_ids)
+    ordinary = [token for token in range(tokenizer.vocab_size) if token not in special]
     return [tokenizer.decode([generator.choice(ordinary) for _ in range(tokens)]) for _ in range(count)]
 
 
@@ -117,13 +119,12 @@ def run(args: argparse.Namespace) -> int:
     from kvtier.eval.serving.http_bench import render_markdown, requests_for, run_http_benchmark
     from kvtier.models.loader import load_model
 
-    llm = load_model(args.model, dtype=args.dtype)
+    llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     count = requests_for(max(levels), args.requests_per_client, args.min_requests)
     result = run_http_benchmark(llm, prompts(count), config, levels, args.requests_per_client, args.min_requests,
                                 args.new_tokens, args.repeats, say)
-    result = {"model": llm.name, "dtype": args.dtype,
-              "command": command_line(args)} | result
+    result = {"model": llm.name, "dtype": args.dtype, "device": args.device, "command": command_line(args)} | result
     (args.out / "http.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "http.md").write_text(render_markdown(result))
     say(f"wrote {args.out / 'http.json'} and http.md")
@@ -137,7 +138,7 @@ def command_line(args: argparse.Namespace) -> str:
     return (f"kvtier bench http --workload {args.workload} --model {args.model} --dtype {args.dtype} "
             f"--clients {args.clients} --requests-per-client {args.requests_per_client} "
             f"--min-requests {args.min_requests} --new-tokens {args.new_tokens} --repeats {args.repeats} "
-            f"--block-tokens {args.block_tokens} {pool} --swap-space {args.swap_space}{steps}")
+            f"--block-tokens {args.block_tokens} {pool} --swap-space {args.swap_space}{steps}{_placement(args)}")
 
 
 def run_documents(args: argparse.Namespace) -> int:
@@ -153,10 +154,11 @@ def run_documents(args: argparse.Namespace) -> int:
     from kvtier.eval.serving.documents_bench import render_documents_markdown, run_documents_benchmark
     from kvtier.models.loader import load_model
 
-    llm = load_model(args.model, dtype=args.dtype)
+    llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result = run_documents_benchmark(llm, workload, base, flash_dir_from(args), say)
-    result = {"model": llm.name, "dtype": args.dtype, "command": documents_command_line(args)} | result
+    result = {"model": llm.name, "dtype": args.dtype, "device": args.device,
+              "command": documents_command_line(args)} | result
     (args.out / "http-documents.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "http-documents.md").write_text(render_documents_markdown(result))
     say(f"wrote {args.out / 'http-documents.json'} and http-documents.md")
@@ -168,7 +170,7 @@ def documents_command_line(args: argparse.Namespace) -> str:
             f"--documents {args.documents} --document-tokens {args.document_tokens} --new-tokens {args.new_tokens} "
             f"--repeats {args.repeats} --block-tokens {args.block_tokens} --swap-space {args.swap_space} "
             f"--device-kv-budget {args.device_kv_budget} --host-kv-budget {args.host_kv_budget} "
-            f"--max-tiered-seqs {args.max_tiered_seqs}")
+            f"--max-tiered-seqs {args.max_tiered_seqs}{_placement(args)}")
 
 
 def run_random(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
@@ -183,17 +185,23 @@ def run_random(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
     from kvtier.eval.serving.http_bench import render_markdown, requests_for, run_http_benchmark
     from kvtier.models.loader import load_model
 
-    llm = load_model(args.model, dtype=args.dtype)
+    llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     count = requests_for(max(levels), args.requests_per_client, args.min_requests)
     result = run_http_benchmark(llm, random_prompts(llm.tokenizer, count, RANDOM_PROMPT_TOKENS), config, levels,
                                 args.requests_per_client, args.min_requests, args.new_tokens, args.repeats, say, setups)
-    result = {"model": llm.name, "dtype": args.dtype, "prompt_tokens": RANDOM_PROMPT_TOKENS,
+    result = {"model": llm.name, "dtype": args.dtype, "device": args.device, "prompt_tokens": RANDOM_PROMPT_TOKENS,
               "command": command_line(args)} | result
     (args.out / "http-random.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "http-random.md").write_text(render_markdown(result))
     say(f"wrote {args.out / 'http-random.json'} and http-random.md")
     return 0
+
+
+def _placement(args: argparse.Namespace) -> str:
+    """The --device and --load-format options of the run, where they are not the defaults."""
+    return "".join(f" --{name.replace('_', '-')} {getattr(args, name)}" for name, default in
+                   (("device", "cpu"), ("load_format", "auto")) if getattr(args, name) != default)
 
 
 def _positive_integers(text: str, option: str) -> tuple[int, ...]:

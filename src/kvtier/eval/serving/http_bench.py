@@ -36,6 +36,7 @@ from kvtier.http.backend import ServerSettings, build_backend
 from kvtier.http.runner import ServerThread
 
 BACKENDS = ("flash", "dram")
+WARM_UP_REQUESTS = 8  # enough for the first forwards' set-up; more only lengthens the run
 SERVED_NAME = "bench"
 Progress = Callable[[str], None]
 
@@ -101,7 +102,7 @@ def _measure(llm: Any, prompts: list[str], ids: list[list[int]], setups: dict[st
                     return clients_process.submit(drive, server.url, SERVED_NAME, prompts[:count], clients,
                                                   new_tokens).result()
 
-                served(minimum, min(levels))  # warm-up, untimed
+                served(min(minimum, WARM_UP_REQUESTS), min(levels))  # warm-up, untimed
                 engine_stats()
                 for clients in levels:
                     count = requests_for(clients, per_client, minimum)
