@@ -54,3 +54,19 @@ def test_random_prompts_are_the_asked_length_and_the_same_every_run(tiny_model_d
     texts = random_prompts(tokenizer, 3, 50)
     assert texts == random_prompts(tokenizer, 3, 50) and len(set(texts)) == 3
     assert all(len(tokenizer(text)["input_ids"]) == 50 for text in texts)
+
+
+def test_the_documents_workload_runs_three_servers_and_short_requests_beside_tiered_ones(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    rc = main(["bench", "http", "--workload", "documents", "--model", str(tiny_model_dir), "--documents", "2",
+               "--document-tokens", "1500", "--new-tokens", "12", "--repeats", "1", "--device-kv-budget", "512KiB",
+               "--host-kv-budget", "2MiB", "--swap-space", "8MiB", "--flash-dir", str(tmp_path / "flash"),
+               "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "http-documents.json").read_text())
+    assert set(result["servers"]) == {"tiered", "serial", "paged"} and result["questions"] == 4
+    assert all(server["same_answers"] <= 4 and server["tokens_per_s"] > 0 for server in result["servers"].values())
+    mixed = result["mixed"]
+    assert mixed["tiered"] == 2 and mixed["short_requests"] == 8  # both long questions ran as tiered sequences
+    assert mixed["idle_ttft_p50_s"] > 0 and mixed["busy_ttft_p50_s"] > 0
+    assert "Mixed traffic" in (out / "http-documents.md").read_text()

@@ -17,11 +17,16 @@ Reported per server: aggregate decode throughput, time to first token and inter-
 (p50 / p99), bytes read from disk per generated token (cold pools and the store for tiered sequences,
 swap-ins for paged), the peak device and host KV bytes sampled from /metrics during the run against the
 budgets, and whether every answer matches the tiered run's and names its fact.
+
+Mixed traffic, once on the tiered server (`mixed_traffic`): short chat requests, one after another, on the
+idle server and then while one question per document decodes as a tiered sequence; their time to first token
+(p50) with and without the long requests.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
@@ -46,6 +51,7 @@ from kvtier.units import parse_size
 SERVERS = ("tiered", "serial", "paged")
 QUESTIONS_PER_DOCUMENT = 2
 SAMPLE_S = 0.25  # how often /metrics is read for the peak KV bytes
+SHORT_REQUESTS = 8  # mixed traffic: short chat requests, one after another
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,9 @@ def run_documents_benchmark(llm: Any, workload: DocumentsWorkload, base: EngineC
             # stores the documents, untimed
             clients.submit(drive, server.url, SERVED_NAME, prompts[::QUESTIONS_PER_DOCUMENT], workload.documents,
                            2).result()
+            mixed = mixed_traffic(llm, server.url, prompts[::QUESTIONS_PER_DOCUMENT], workload.new_tokens, clients)
+            say(f"[bench http documents] short requests' TTFT p50: {mixed['idle_ttft_p50_s'] * 1000:.0f} ms idle, "
+                f"{mixed['busy_ttft_p50_s'] * 1000:.0f} ms beside {mixed['tiered']} tiered sequences")
         for repeat in range(workload.repeats):
             for name in SERVERS if repeat % 2 == 0 else tuple(reversed(SERVERS)):
                 with BenchServer(llm, configs[name], _tiers(llm, name, store_dir, directory)) as (server, _):
@@ -108,8 +117,30 @@ def run_documents_benchmark(llm: Any, workload: DocumentsWorkload, base: EngineC
     reference = runs["tiered"][0]["texts"]
     return {"workload": asdict(workload), "questions": len(asked),
             "budgets": {"device": parse_size(workload.device_kv_budget), "host": parse_size(workload.host_kv_budget)},
-            "servers": {name: _summary(cells, reference) for name, cells in runs.items()},
+            "servers": {name: _summary(cells, reference) for name, cells in runs.items()}, "mixed": mixed,
             "engines": {name: asdict(config) for name, config in configs.items()}}
+
+
+def mixed_traffic(llm: Any, url: str, long_prompts: list[str], new_tokens: int, clients: ProcessPoolExecutor
+                  ) -> dict[str, Any]:
+    """Short chat requests' time to first token on the idle server at `url`, then while `long_prompts` decode
+    (they are sent together from the `clients` process; the short ones, one at a time, from here, once every
+    long one has its first token)."""
+    short = [_user_turn(llm, f"Say one word about the number {number}.") for number in range(SHORT_REQUESTS)]
+    idle = drive(url, SERVED_NAME, short, 1, 1)
+    started = scrape(url).get(("kvtier:generation_tokens_total", ()), 0.0)
+    long_run = clients.submit(drive, url, SERVED_NAME, long_prompts, len(long_prompts), new_tokens)
+    while scrape(url).get(("kvtier:generation_tokens_total", ()), 0.0) < started + len(long_prompts):
+        if long_run.done():
+            raise RuntimeError("the long requests finished before the short ones could be sent beside them")
+        time.sleep(SAMPLE_S)
+    tiered = scrape(url).get(("kvtier:num_requests_running", (("path", "tiered"),)), 0.0)
+    busy = drive(url, SERVED_NAME, short, 1, 1)
+    overlapped = not long_run.done()  # the long requests still decoded when the last short one was answered
+    long_run.result()
+    idle_p50, busy_p50 = percentile(idle.ttft_s, 0.5), percentile(busy.ttft_s, 0.5)
+    return {"short_requests": SHORT_REQUESTS, "tiered": int(tiered), "idle_ttft_p50_s": idle_p50,
+            "busy_ttft_p50_s": busy_p50, "ratio": busy_p50 / idle_p50, "overlapped": overlapped}
 
 
 def _configs(base: EngineConfig, workload: DocumentsWorkload, directory: Path) -> dict[str, EngineConfig]:
@@ -205,8 +236,12 @@ def render_documents_markdown(result: dict[str, Any]) -> str:
                      f"{spread(cell, 'itl_p99_s', 0, 1000)} | {spread(cell, 'read_bytes_per_token', 0, 1 / 1024)} | "
                      f"{cell['peak_device_bytes'] / 2**20:.0f} | {cell['peak_host_bytes'] / 2**20:.0f} | "
                      f"{cell['correct']}/{result['questions']} | {cell['same_answers']}/{result['questions']} |")
-    tiered = servers["tiered"]
+    tiered, mixed = servers["tiered"], result["mixed"]
     lines += ["", f"Tiered vs serial: throughput {tiered['tokens_per_s'] / servers['serial']['tokens_per_s']:.2f}x, "
                   f"TTFT p99 {tiered['ttft_p99_s'] / servers['serial']['ttft_p99_s']:.2f}x; vs paged: throughput "
-                  f"{tiered['tokens_per_s'] / servers['paged']['tokens_per_s']:.2f}x.", ""]
+                  f"{tiered['tokens_per_s'] / servers['paged']['tokens_per_s']:.2f}x.", "",
+              f"Mixed traffic (tiered server): {mixed['short_requests']} short requests one after another, time to "
+              f"first token p50 {mixed['idle_ttft_p50_s'] * 1000:.0f} ms on the idle server, "
+              f"{mixed['busy_ttft_p50_s'] * 1000:.0f} ms while {mixed['tiered']} tiered sequences decode "
+              f"({mixed['ratio']:.1f}x).", ""]
     return "\n".join(lines)
