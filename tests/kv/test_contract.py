@@ -10,6 +10,7 @@ from kvtier.kv.contract import KVCache
 from kvtier.kv.model_geometry import full_attention_layers
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse import SparseSettings, make_sparse_cache
+from kvtier.sparse.cold.cold_image import IMAGE_PREFIX
 
 PROMPT, STEPS = 200, 4
 
@@ -69,4 +70,5 @@ def test_the_sparse_cache_answers_with_its_own_files_scorer_plan_and_steps(tiny_
         entry = tmp_path / "entry"
         entry.mkdir()
         cache.save_placed(entry, PROMPT)
-        assert (entry / "sparse").is_dir()  # the image a later run uses in place
+        (image,) = entry.glob(IMAGE_PREFIX + "*")  # the image a later run of these settings uses in place
+        assert (image / "image.json").is_file() and not list(entry.glob(".tmp-*"))
