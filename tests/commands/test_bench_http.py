@@ -9,12 +9,17 @@ import statistics
 from kvtier.cli import main
 
 
-def test_writes_a_cell_per_backend_and_client_count(tiny_model_dir, tmp_path):
+def bench_http(model_dir, tmp_path, *options: str):
+    """`kvtier bench http` with `options` on the model in `model_dir`, files under `tmp_path`; its results folder."""
     out = tmp_path / "out"
-    rc = main(["bench", "http", "--model", str(tiny_model_dir), "--clients", "1,4", "--repeats", "2",
-               "--new-tokens", "20", "--min-requests", "2", "--device-blocks", "3", "--swap-space", "4MiB",
-               "--flash-dir", str(tmp_path / "flash"), "--out", str(out)])
-    assert rc == 0
+    assert main(["bench", "http", "--model", str(model_dir), *options, "--flash-dir", str(tmp_path / "flash"),
+                 "--out", str(out)]) == 0
+    return out
+
+
+def test_writes_a_cell_per_backend_and_client_count(tiny_model_dir, tmp_path):
+    out = bench_http(tiny_model_dir, tmp_path, "--clients", "1,4", "--repeats", "2", "--new-tokens", "20",
+                     "--min-requests", "2", "--device-blocks", "3", "--swap-space", "4MiB")
     result = json.loads((out / "http.json").read_text())
     cells = {(cell["setup"], cell["clients"]): cell for cell in result["cells"]}
     assert set(cells) == {(f"{backend} swap", clients) for backend in ("flash", "dram") for clients in (1, 4)}
@@ -30,12 +35,9 @@ def test_writes_a_cell_per_backend_and_client_count(tiny_model_dir, tmp_path):
 
 
 def test_the_random_workload_compares_step_budgets_and_reports_the_tails(tiny_model_dir, tmp_path):
-    out = tmp_path / "out"
-    rc = main(["bench", "http", "--workload", "random", "--model", str(tiny_model_dir), "--clients", "3",
-               "--min-requests", "4", "--new-tokens", "6", "--repeats", "1", "--max-batched-tokens", "400,64",
-               "--device-kv-budget", "1MiB", "--swap-space", "4MiB", "--flash-dir", str(tmp_path / "flash"),
-               "--out", str(out)])
-    assert rc == 0
+    out = bench_http(tiny_model_dir, tmp_path, "--workload", "random", "--clients", "3", "--min-requests", "4",
+                     "--new-tokens", "6", "--repeats", "1", "--max-batched-tokens", "400,64", "--device-kv-budget",
+                     "1MiB", "--swap-space", "4MiB")
     result = json.loads((out / "http-random.json").read_text())
     assert {name: setup["max_batched_tokens"] for name, setup in result["setups"].items()} == {
         "400 tokens per step": 400, "64 tokens per step": 64}
@@ -57,12 +59,9 @@ def test_random_prompts_are_the_asked_length_and_the_same_every_run(tiny_model_d
 
 
 def test_the_documents_workload_runs_three_servers_and_short_requests_beside_tiered_ones(tiny_model_dir, tmp_path):
-    out = tmp_path / "out"
-    rc = main(["bench", "http", "--workload", "documents", "--model", str(tiny_model_dir), "--documents", "2",
-               "--document-tokens", "1500", "--new-tokens", "12", "--repeats", "1", "--device-kv-budget", "512KiB",
-               "--host-kv-budget", "2MiB", "--swap-space", "8MiB", "--flash-dir", str(tmp_path / "flash"),
-               "--out", str(out)])
-    assert rc == 0
+    out = bench_http(tiny_model_dir, tmp_path, "--workload", "documents", "--documents", "2", "--document-tokens",
+                     "1500", "--new-tokens", "12", "--repeats", "1", "--device-kv-budget", "512KiB",
+                     "--host-kv-budget", "2MiB", "--swap-space", "8MiB")
     result = json.loads((out / "http-documents.json").read_text())
     assert set(result["servers"]) == {"tiered", "serial", "paged"} and result["questions"] == 4
     assert all(server["same_answers"] <= 4 and server["tokens_per_s"] > 0 for server in result["servers"].values())

@@ -117,18 +117,12 @@ def run(args: argparse.Namespace) -> int:
                           max_num_seqs=max(levels)).validated()
     # only now: torch takes seconds, the options are checked first
     from kvtier.eval.serving.http_bench import render_markdown, requests_for, run_http_benchmark
-    from kvtier.models.loader import load_model
 
-    llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    llm = _load(args)
     count = requests_for(max(levels), args.requests_per_client, args.min_requests)
     result = run_http_benchmark(llm, prompts(count), config, levels, args.requests_per_client, args.min_requests,
-                                args.new_tokens, args.repeats, say)
-    result = {"model": llm.name, "dtype": args.dtype, "device": args.device, "command": command_line(args)} | result
-    (args.out / "http.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "http.md").write_text(render_markdown(result))
-    say(f"wrote {args.out / 'http.json'} and http.md")
-    return 0
+                                args.new_tokens, args.repeats, _say)
+    return _write(args, "http", llm, {"command": command_line(args)} | result, render_markdown)
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -152,17 +146,11 @@ def run_documents(args: argparse.Namespace) -> int:
     base = EngineConfig(block_tokens=args.block_tokens, swap_space=args.swap_space).validated()
     # only now: torch takes seconds, the options are checked first
     from kvtier.eval.serving.documents_bench import render_documents_markdown, run_documents_benchmark
-    from kvtier.models.loader import load_model
 
-    llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    result = run_documents_benchmark(llm, workload, base, flash_dir_from(args), say)
-    result = {"model": llm.name, "dtype": args.dtype, "device": args.device,
-              "command": documents_command_line(args)} | result
-    (args.out / "http-documents.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "http-documents.md").write_text(render_documents_markdown(result))
-    say(f"wrote {args.out / 'http-documents.json'} and http-documents.md")
-    return 0
+    llm = _load(args)
+    result = run_documents_benchmark(llm, workload, base, flash_dir_from(args), _say)
+    return _write(args, "http-documents", llm, {"command": documents_command_line(args)} | result,
+                  render_documents_markdown)
 
 
 def documents_command_line(args: argparse.Namespace) -> str:
@@ -183,18 +171,33 @@ def run_random(args: argparse.Namespace, levels: tuple[int, ...]) -> int:
     setups = {f"{budget} tokens per step": replace(config, max_batched_tokens=budget) for budget in budgets}
     # only now: torch takes seconds, the options are checked first
     from kvtier.eval.serving.http_bench import render_markdown, requests_for, run_http_benchmark
-    from kvtier.models.loader import load_model
 
-    llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    llm = _load(args)
     count = requests_for(max(levels), args.requests_per_client, args.min_requests)
     result = run_http_benchmark(llm, random_prompts(llm.tokenizer, count, RANDOM_PROMPT_TOKENS), config, levels,
-                                args.requests_per_client, args.min_requests, args.new_tokens, args.repeats, say, setups)
-    result = {"model": llm.name, "dtype": args.dtype, "device": args.device, "prompt_tokens": RANDOM_PROMPT_TOKENS,
-              "command": command_line(args)} | result
-    (args.out / "http-random.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "http-random.md").write_text(render_markdown(result))
-    say(f"wrote {args.out / 'http-random.json'} and http-random.md")
+                                args.requests_per_client, args.min_requests, args.new_tokens, args.repeats, _say,
+                                setups)
+    return _write(args, "http-random", llm,
+                  {"prompt_tokens": RANDOM_PROMPT_TOKENS, "command": command_line(args)} | result, render_markdown)
+
+
+def _load(args: argparse.Namespace):
+    """The model to serve; called once the options are checked (importing the loader takes torch: seconds)."""
+    from kvtier.models.loader import load_model
+
+    return load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _write(args: argparse.Namespace, stem: str, llm, result: dict, render) -> int:
+    """`result`, with the model and where it ran, as `<stem>.json` and `render(result)` as `<stem>.md` in --out."""
+    result = {"model": llm.name, "dtype": args.dtype, "device": args.device} | result
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(render(result))
+    _say(f"wrote {args.out / stem}.json and {stem}.md")
     return 0
 
 

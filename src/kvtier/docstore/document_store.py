@@ -165,7 +165,6 @@ class DocumentStore:
         entry's id instead: the second copy is dropped, as a prompt planned now would not have written it."""
         try:
             writer.finish()
-            self._evict_until_free(disk_bytes(writer.directory))  # room was made for its K/V; now for all of it
             with self._one_publisher():
                 held = self._holding_most_of(writer.meta)
                 if held is not None:
@@ -173,6 +172,7 @@ class DocumentStore:
                              held)
                     shutil.rmtree(writer.directory, ignore_errors=True)
                     return held
+                self._evict_until_free(disk_bytes(writer.directory))  # room was made for its K/V; now for all of it
                 entry_id = writer.meta.blocks[-1][:20]
                 os.rename(writer.directory, self.root / entry_id)
             fsync_directory(self.root)
@@ -184,7 +184,7 @@ class DocumentStore:
     def _holding_most_of(self, meta: EntryMeta) -> str | None:
         """The id of an entry holding at least half of `meta`'s blocks (all of them: the same prompt), if any."""
         held, _ = self._longest_prefix(meta.identity_digest, meta.blocks, meta.document, len(meta.blocks))
-        return held.entry.id if held is not None and 2 * held.blocks >= len(meta.blocks) else None
+        return held.entry.id if held is not None and not worth_an_entry(len(meta.blocks), held.blocks) else None
 
     @contextmanager
     def _one_publisher(self) -> Iterator[None]:
@@ -275,6 +275,12 @@ class DocumentStore:
             pid = _writer_pid(name) if name.startswith((_TEMPORARY, _TRASH)) else None
             if pid is not None and not process_exists(pid):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def worth_an_entry(blocks: int, stored: int) -> bool:
+    """Whether a prompt of `blocks` whole blocks, `stored` of them already in an entry, is stored as an entry of its
+    own: when most of it is new (a question on a stored document is not worth a second copy of the document)."""
+    return blocks > 2 * stored
 
 
 def disk_bytes(directory: Path) -> int:

@@ -3,12 +3,11 @@
 The prompt's longest stored prefix is loaded into the cache and the rest prefilled, recorded into a new entry
 when the prompt publishes one (reuse.py); after `place_prompt`, what the cache placed (the sparse tiers) goes
 into that entry too (or into the reused entry, when it lacks them), and the entry is published when the answer
-is done. A stored entry found damaged, when the
-cache is built on it, while its K/V are replayed, or while the decode reads it in place (a sparse image, offload's
-stored K/V), is handled as the store's `on_corrupt` says: `fail` raises the error and keeps the entry; `recompute`
-removes it and the prompt goes in again cold. Found while decoding, the entry being written is dropped too (it may
-hold copies of the damaged records) and the answer starts over: the tokens already handed out are checked against
-the new ones, not handed out again (AnswerStream).
+is done. A stored entry found damaged, when the cache is built on it, while its K/V are replayed, or while the
+decode reads it in place (a sparse image, offload's stored K/V), is handled as the store's `on_corrupt` says:
+`fail` raises the error and keeps the entry; `recompute` removes it and the prompt goes in again cold. Found while
+decoding, the entry being written is dropped too (it may hold copies of the damaged records) and the answer starts
+over: the tokens already handed out are checked against the new ones, not handed out again (AnswerStream).
 """
 
 from __future__ import annotations

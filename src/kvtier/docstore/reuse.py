@@ -26,7 +26,7 @@ from kvtier.kv.model_geometry import model_geometry
 from kvtier.storage import IOEngine
 from kvtier.docstore.entry import EntryMeta, EntryWriter, read_layers
 from kvtier.docstore.keys import block_keys, document_key, identity_of
-from kvtier.docstore.document_store import DocumentStore, Match
+from kvtier.docstore.document_store import DocumentStore, Match, worth_an_entry
 
 log = logging.getLogger(__name__)
 HEAD_CHARS = 60
@@ -58,7 +58,7 @@ class PromptReuse:
 
     @property
     def publishes(self) -> bool:
-        return len(self.keys) > 2 * (self.match.blocks if self.match else 0)
+        return worth_an_entry(len(self.keys), self.match.blocks if self.match else 0)
 
     def replay(self, cache) -> int:
         """Feed the stored prefix's K/V to `cache`; the tokens fed. Raises CorruptEntry when a check fails (the
