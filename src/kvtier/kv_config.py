@@ -13,8 +13,8 @@ from kvtier.paths import cache_dir
 from kvtier.sparse.settings import SparseSettings, parse_beta
 from kvtier.units import parse_size
 
-# kvtier.modes builds each: "dense", "offload", "sparse", and the HillInfer paper's baselines (kvtier.baselines).
-KV_MODES = ("dense", "offload", "sparse", "h2o", "infinigen", "leoam")
+# kvtier.modes builds each: "dense", "offload", "sparse", the HillInfer paper's baselines and Quest (kvtier.baselines).
+KV_MODES = ("dense", "offload", "sparse", "h2o", "infinigen", "leoam", "quest")
 # The modes that attend every position exactly: their attention-mass recall is 1.0 by definition
 # (kvtier.eval.accuracy.mass_recall), and an importance rate (alpha) changes nothing in them.
 EXACT_MODES = ("dense", "offload")

@@ -1,7 +1,7 @@
 """KV mode -> the transformers Cache that implements it (`KVConfig` -> a `kvtier.kv.contract.KVCache`).
 
-`dense` (reference), `offload` (device -> host -> disk), `sparse` (HillInfer), and the HillInfer paper's
-baselines `h2o`, `infinigen`, `leoam` (kvtier.baselines), all under the same budgets and storage layer.
+`dense` (reference), `offload` (device -> host -> disk), `sparse` (HillInfer), the HillInfer paper's baselines
+`h2o`, `infinigen`, `leoam`, and `quest` (kvtier.baselines), all under the same budgets and storage layer.
 It sits above every mode's package, so the modes themselves import only downward (kvtier.kv, storage).
 """
 

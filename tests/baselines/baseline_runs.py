@@ -12,7 +12,7 @@ from kvtier.modes import KVConfig, make_cache
 from kvtier.storage import PAGE, KVGeometry
 from kvtier.storage.pages import pages_holding
 
-MODES = ("h2o", "infinigen", "leoam")
+MODES = ("h2o", "infinigen", "leoam", "quest")
 TOKEN_BYTES = 128  # K or V of one token and layer in both tiny models
 BLOCK = 32  # 32 tokens x 128 bytes = one 4 KiB page
 BLOCK_BYTES = 4096
@@ -34,7 +34,8 @@ def config(kv: str, tmp_path, model, max_tokens: int, alpha: float = 0.2, batch:
 
 
 def reserved(kv: str, model, max_tokens: int, batch: int) -> int:
-    """Host bytes a mode keeps besides pooled K/V: InfiniGen's partial keys, LeoAM's abstract write buffer."""
+    """Host bytes a mode keeps besides pooled K/V: InfiniGen's partial keys, LeoAM's abstract write buffer, Quest's
+    page table."""
     layers = len(full_attention_layers(model.config))
     geometry = KVGeometry.from_config(model.config, "float32")
     if kv == "infinigen":
@@ -42,6 +43,8 @@ def reserved(kv: str, model, max_tokens: int, batch: int) -> int:
         return layers * batch * max_tokens * geometry.num_kv_heads * channels * 4
     if kv == "leoam":
         return BLOCK * 2 * 128 * layers * batch
+    if kv == "quest":
+        return layers * batch * -(-max_tokens // 16) * 2 * 128  # a min and a max key (128 bytes each) per page
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The HillInfer paper's baselines under the tiers, budgets and I/O layer of --kv sparse: `--kv h2o|infinigen|leoam`.
+"""The HillInfer paper's baselines, and Quest, under the tiers, budgets and I/O layer of --kv sparse:
+`--kv h2o|infinigen|leoam|quest`.
 
 Every baseline keeps the KV where the other modes do (device window, host
 DRAM, a KVBlockFile read with O_DIRECT through the IOEngine, the same block
@@ -27,7 +28,9 @@ Each cache is a `kvtier.kv.contract.SelectiveKVCache`, as the sparse cache is:
 from kvtier.baselines.h2o import make_h2o_cache
 from kvtier.baselines.infinigen import make_infinigen_cache
 from kvtier.baselines.leoam import make_leoam_cache
+from kvtier.baselines.quest import make_quest_cache
 
-BASELINES = {"h2o": make_h2o_cache, "infinigen": make_infinigen_cache, "leoam": make_leoam_cache}
+BASELINES = {"h2o": make_h2o_cache, "infinigen": make_infinigen_cache, "leoam": make_leoam_cache,
+             "quest": make_quest_cache}
 
-__all__ = ["BASELINES", "make_h2o_cache", "make_infinigen_cache", "make_leoam_cache"]
+__all__ = ["BASELINES", "make_h2o_cache", "make_infinigen_cache", "make_leoam_cache", "make_quest_cache"]

@@ -1,9 +1,13 @@
-"""LeoAM's variable-size chunks of a layer's pool and their key abstracts.
+"""Chunks of a layer's pool ranked by a bound on their keys: LeoAM's variable-size chunks, and the layer that
+attends whole chunks (LeoAM's, and Quest's fixed pages in quest.py).
 
 A chunk is a run of consecutive pool tokens; its *abstract* is the per-channel
 minimum and maximum of its keys ([H, D] each). For a query q,
 sum_d max(q_d min_d, q_d max_d) bounds q.k from above for every key k of the
 chunk (Quest's bound), so chunks can be ranked without reading their keys.
+`ChunkLayer` takes the best chunks until they hold the step's share, reads
+their K/V and cuts the last one to the tokens still needed by exact q.k, so
+every mode attends the same number of tokens.
 
 Chunk boundaries (the rule, and what it simplifies):
 - Chunks never cross a disk block, so loading a chunk reads exactly the block
@@ -23,8 +27,13 @@ Chunk boundaries (the rule, and what it simplifies):
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import numpy as np
 import torch
+
+from kvtier.baselines.selective import Selected, SelectiveLayer
+from kvtier.storage import K, V
 
 SPLIT_DENSITY = 2.0  # a region is split when its mean importance is at least this many times the pool's mean
 
@@ -130,3 +139,34 @@ class ChunkTable:
         self.mins, self.maxs = self.mins[:, :, count:].clone(), self.maxs[:, :, count:].clone()
         self.flushed += count
         return mins, maxs
+
+
+class ChunkLayer(SelectiveLayer):
+    """A tiered layer that attends whole chunks chosen by their bounds, the last chunk cut to what is still needed."""
+
+    @abstractmethod
+    def chunk_tokens(self, chunk: int) -> np.ndarray:
+        """Pool indices of `chunk`, ascending."""
+
+    def take_chunks(self, summed: torch.Tensor, chosen: list[np.ndarray]) -> Selected:
+        """The tokens of the chunks `chosen` per sequence (best first), read from where they lie, as a Selected.
+
+        `summed`: the query summed over the query heads of each KV head [B, H, D], what the last chunk is cut by.
+        """
+        candidates = [np.concatenate([self.chunk_tokens(chunk) for chunk in chunks] or [np.empty(0, np.int64)])
+                      for chunks in chosen]
+        self.runtime.kv.read_tokens(self.layer_idx, candidates, (K, V))
+        index = np.stack([self._cut_last(seq, summed, chunks) for seq, chunks in enumerate(chosen)])
+        return Selected(index, self.gather(index, K), self.gather(index, V))
+
+    def _cut_last(self, seq: int, summed: torch.Tensor, chunks: np.ndarray) -> np.ndarray:
+        """Pool indices attended by sequence `seq`, ascending: every chunk but the last whole, then its best tokens."""
+        if not len(chunks):
+            return np.empty(0, dtype=np.int64)
+        whole = [self.chunk_tokens(chunk) for chunk in chunks[:-1]]
+        last = self.chunk_tokens(chunks[-1])
+        needed = self.selection_size() - sum(len(tokens) for tokens in whole)
+        if needed < len(last):
+            scores = key_scores(summed[seq : seq + 1], self.gather(last[None], K, seq=seq))[0]
+            last = last[scores.topk(needed).indices.numpy()]
+        return np.sort(np.concatenate([*whole, last]))

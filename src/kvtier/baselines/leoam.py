@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from kvtier.baselines.prompt_attention import attention_mass
-from kvtier.baselines.chunks import ChunkTable, chunk_ends, cover, key_scores, upper_bounds
+from kvtier.baselines.chunks import ChunkLayer, ChunkTable, chunk_ends, cover, upper_bounds
 from kvtier.baselines.selective_runtime import SelectiveRuntime, TierSetup
-from kvtier.baselines.selective import Selected, SelectiveCache, SelectiveLayer, build_cache, grouped_query
+from kvtier.baselines.selective import Selected, SelectiveCache, build_cache, grouped_query
 from kvtier.baselines.selective_store import SelectiveStore
 from kvtier.kv.model_geometry import model_geometry
 from kvtier.storage import K, V
@@ -41,7 +41,7 @@ from kvtier.storage import K, V
 ABSTRACTS = "leoam-abstracts"
 
 
-class LeoAMLayer(SelectiveLayer):
+class LeoAMLayer(ChunkLayer):
     """A tiered layer choosing whole chunks by their on-disk key abstracts."""
 
     def __init__(self, layer_idx: int, runtime: SelectiveRuntime, min_chunk: int) -> None:
@@ -76,6 +76,9 @@ class LeoAMLayer(SelectiveLayer):
     def whole_reads(self) -> tuple[SelectiveStore, tuple[int, ...]]:
         return self.abstracts, (K, V)
 
+    def chunk_tokens(self, chunk: int) -> np.ndarray:
+        return self.table.tokens(chunk)
+
     def select(self, query: torch.Tensor, scaling: float) -> Selected:
         self.load_whole()
         on_disk = slice(0, self.table.flushed)
@@ -83,23 +86,7 @@ class LeoAMLayer(SelectiveLayer):
         maxs = torch.cat([self.abstracts.tokens(V)[:, on_disk].permute(0, 2, 1, 3), self.table.maxs], dim=2)
         summed = grouped_query(query, mins.shape[1]).sum(dim=2)
         chosen = cover(upper_bounds(summed, mins, maxs).numpy(), self.table.sizes(), self.selection_size())
-        candidates = [np.concatenate([self.table.tokens(chunk) for chunk in chunks] or [np.empty(0, np.int64)])
-                      for chunks in chosen]
-        self.runtime.kv.read_tokens(self.layer_idx, candidates, (K, V))
-        index = np.stack([self._cut_last(seq, summed, chunks) for seq, chunks in enumerate(chosen)])
-        return Selected(index, self.gather(index, K), self.gather(index, V))
-
-    def _cut_last(self, seq: int, summed: torch.Tensor, chunks: np.ndarray) -> np.ndarray:
-        """Pool indices attended by sequence `seq`, ascending: every chunk but the last whole, then its best tokens."""
-        if not len(chunks):
-            return np.empty(0, dtype=np.int64)
-        whole = [self.table.tokens(chunk) for chunk in chunks[:-1]]
-        last = self.table.tokens(chunks[-1])
-        needed = self.selection_size() - sum(len(tokens) for tokens in whole)
-        if needed < len(last):
-            scores = key_scores(summed[seq : seq + 1], self.gather(last[None], K, seq=seq))[0]
-            last = last[scores.topk(needed).indices.numpy()]
-        return np.sort(np.concatenate([*whole, last]))
+        return self.take_chunks(summed, chosen)
 
 
 def make_leoam_cache(model, setup: TierSetup, min_chunk: int | None = None) -> SelectiveCache:

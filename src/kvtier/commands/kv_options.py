@@ -35,7 +35,7 @@ def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -
     group.add_argument("--storage-dir", default=None, help="directory for KV files (default: <user cache>/kvtier/kv)")
     group.add_argument("--block-tokens", type=int, default=defaults.block_tokens, help="tokens per KV block")
     group.add_argument("--io-threads", type=int, default=defaults.io_threads, help="I/O threads for the disk tier")
-    sparse = parser.add_argument_group("selective KV (--kv sparse, h2o, infinigen, leoam)")
+    sparse = parser.add_argument_group("selective KV (--kv sparse, h2o, infinigen, leoam, quest)")
     sparse.add_argument("--alpha", type=float, default=defaults.alpha, help="importance rate: share of pooled tokens attended per step")
     sparse.add_argument("--score-bits", type=int, choices=SCORE_BITS, default=defaults.score_bits, help="key sketch precision (the sketches draw up the cold shortlist that exact scores rank)")
     sparse.add_argument("--beta", default=defaults.beta, help="hot/cold split Mc/Ms, or 'auto' (calibrated latency model)")
