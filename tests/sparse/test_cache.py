@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import tiny_models
+from sparse_steps import ids as _ids, run as _run, sparse_cache as _sparse
 
 from kvtier.errors import ConfigError
 from kvtier.kv.contract import tier_bytes
@@ -16,31 +17,6 @@ from kvtier.sparse.cache import make_sparse_cache
 from kvtier.sparse.layer import SparseLayer
 from kvtier.sparse.lookahead import MAX_AHEAD
 from kvtier.sparse.settings import SparseSettings
-
-
-def _run(model, cache, ids, steps, chunk=64, between_steps=None):
-    """Chunked prefill then greedy steps; logits of every forward pass, stacked."""
-    outputs = []
-    with torch.inference_mode():
-        for start in range(0, ids.shape[1], chunk):
-            outputs.append(model(input_ids=ids[:, start : start + chunk], cache=cache).logits[:, -1])
-        for step in range(steps):
-            if between_steps is not None:
-                between_steps(step, cache)
-            token = outputs[-1].argmax(-1, keepdim=True)
-            outputs.append(model(input_ids=token, cache=cache).logits[:, -1])
-    return torch.stack(outputs)
-
-
-def _ids(batch, tokens, seed):
-    return torch.randint(0, 128, (batch, tokens), generator=torch.Generator().manual_seed(seed))
-
-
-def _sparse(model, tmp_path, tokens, batch=1, host="64KiB", **settings):
-    settings = SparseSettings(**{"beta": 0.5, "sink": 4, "recent": 16, "demote_batch": 16, **settings})
-    config = model.config
-    return make_sparse_cache(model, settings, tokens, batch, str(tmp_path), device_budget=2**20,
-                             host_budget=int(host.removesuffix("KiB")) * 1024, tiered_layers=full_attention_layers(config))
 
 
 def _dense(model, ids, steps):

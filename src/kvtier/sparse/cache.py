@@ -29,6 +29,7 @@ from kvtier.sparse.lookahead import Lookahead, QueryForecast
 from kvtier.sparse.planner import Plan
 from kvtier.sparse.record_file import RecordFile
 from kvtier.sparse.runtime import SparseRuntime
+from kvtier.sparse.set_aside import SetAside, bring_back, discard, set_aside
 from kvtier.sparse.settings import SparseSettings
 from kvtier.sparse.stats import SparseStats
 from kvtier.storage import IOStats
@@ -42,6 +43,7 @@ class SparseCache(Cache, SelectiveKVCache):
         super().__init__(layers=layers)
         self.runtime = runtime
         self.first_tiered = tiered_layers[0]
+        self._aside: SetAside | None = None
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         layer = self.layers[layer_idx]
@@ -75,6 +77,29 @@ class SparseCache(Cache, SelectiveKVCache):
         `entry_dir` (its sparse image, cold_image.py), unless it holds them for these settings."""
         layers = sorted((layer for layer in self.layers if isinstance(layer, SparseLayer)), key=lambda layer: layer.tier)
         save_image(entry_dir, self.runtime, layers, tokens)
+
+    def set_aside(self) -> int:
+        """Let go of the device windows and hot pools, written to a file beside the cold pool (set_aside.py), while
+        the serving engine runs other sequences; returns the bytes written. Only after the prompt is placed.
+        Raises StorageError with the cache as it was."""
+        if self._aside is not None or not all(layer.distributed for layer in self._tiered()):
+            raise RuntimeError("set_aside: the cache is set aside already, or its prompt is not placed yet")
+        self._aside = set_aside(self._tiered(), self.runtime.cold.stem, self.runtime.io)
+        return self._aside.nbytes
+
+    def bring_back(self) -> None:
+        """Resume after `set_aside`, exactly as the cache was. Raises ChecksumError or StorageError when the file
+        cannot be read back whole (the cache stays set aside; close it)."""
+        bring_back(self._tiered(), self._aside, self.runtime.io)
+        self._aside = None
+
+    @property
+    def set_aside_bytes(self) -> int:
+        """Bytes of the set-aside file (0 while the cache runs)."""
+        return self._aside.nbytes if self._aside is not None else 0
+
+    def _tiered(self) -> list[SparseLayer]:
+        return [layer for layer in self.layers if isinstance(layer, SparseLayer)]
 
     def locate(self, row: int) -> None:
         """In a packed forward of several sequences (the serving engine's), this batch-1 cache's token is at `row`:
@@ -143,7 +168,10 @@ class SparseCache(Cache, SelectiveKVCache):
         return sum(meter.moves for meter in meters), sum(meter.ping_pongs for meter in meters)
 
     def close(self) -> None:
-        """Stop the scorer, delete the cold-pool files."""
+        """Stop the scorer, delete the cold-pool files (and a set-aside file)."""
+        if self._aside is not None:
+            discard(self._aside)
+            self._aside = None
         attention.clear_hand_off()
         self.runtime.stats.finish()
         self.runtime.close()

@@ -98,6 +98,7 @@ class SparseLayer(WindowedLayer):
         self.meter = PingPongMeter()
         self._observation: torch.Tensor | None = None
         self.cold_picked: np.ndarray | None = None  # cold tokens each sequence chose at the last step (lookahead.py)
+        self.aside_tokens = 0  # window and hot tokens per sequence in a set-aside file (set_aside.py)
 
     def make_pool(self, batch: int, heads: int, head_dim: int) -> None:
         self.hot = HotPool(batch, heads, head_dim, self.dtype, pin=self.device.type == "cuda")
@@ -105,6 +106,8 @@ class SparseLayer(WindowedLayer):
 
     def pool_tokens(self) -> tuple[int, int]:
         self.cold.settle(self.tier)
+        if self.aside_tokens:
+            return 0, int(self.cold.used[self.tier]) + self.aside_tokens
         return self.hot.used, int(self.cold.used[self.tier])
 
     # ----- prefill -----
@@ -167,6 +170,24 @@ class SparseLayer(WindowedLayer):
         if self._observation is None:  # a prompt fed token by token: no window, keep newer tokens hot
             return torch.arange(self.tokens, dtype=torch.float32)[None, :].repeat(self.keys.shape[0], 1)
         return selection_importance(self._observation, self.keys, self.settings.aggregation)
+
+    # ----- set aside while the engine runs others (set_aside.py) -----
+
+    def set_aside(self) -> list[torch.Tensor]:
+        """The layer's device window and hot pool K/V on the host, [window keys, window values, hot keys' tiles, hot
+        values]; the layer lets go of them. Its cold pool (writes settled), hit table and positions stay."""
+        self.cold.settle(self.tier)
+        held = [self.keys.cpu(), self.values.cpu(), *self.hot.release()]
+        self.aside_tokens = self.keys.shape[2] + self.hot.used
+        self.keys, self.values = self.keys[:, :, :0].clone(), self.values[:, :, :0].clone()
+        return held
+
+    def bring_back(self, held: list[torch.Tensor]) -> None:
+        """Restore what `set_aside` returned."""
+        window_keys, window_values, key_tiles, values = held
+        self.keys, self.values = window_keys.to(self.device), window_values.to(self.device)
+        self.hot.restore(key_tiles, values)
+        self.aside_tokens = 0
 
     # ----- decode: score -> select -> fetch -> attend -> migrate -----
 

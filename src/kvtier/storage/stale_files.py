@@ -1,7 +1,7 @@
 """Remove KV files left in a storage dir by runs that were killed before they could delete them.
 
 Every KV file a run creates is named `<kind>-<pid>-<8 hex>.<ext>` (offload `kv-*.kvt`,
-baselines `<store>-*.kvt`, sparse `sparse-*.kv` / `.sketch`) and deleted when the cache
+baselines `<store>-*.kvt`, sparse `sparse-*.kv` / `.sketch` / `.aside`) and deleted when the cache
 closes; only a killed process (SIGKILL, OOM) leaves one behind, and hundreds of MiB each
 add up. A file whose pid no longer exists on this machine is abandoned, and so is its
 lock file (`<name>.lock`, file_lock.py).
@@ -14,7 +14,7 @@ from pathlib import Path
 from kvtier.processes import process_exists
 
 log = logging.getLogger(__name__)
-RUN_FILE = re.compile(r"^[a-z_]+-(\d+)-[0-9a-f]{8}\.(kvt|kv|sketch)(\.lock)?$")
+RUN_FILE = re.compile(r"^[a-z_]+-(\d+)-[0-9a-f]{8}\.(kvt|kv|sketch|aside)(\.lock)?$")
 
 
 def remove_abandoned_kv_files(directory: Path) -> list[Path]:

@@ -79,7 +79,7 @@ class ColdPool:
         self.base = base
         self.writes = BackgroundWrites()
         self.token_bytes = kv_record_bytes(heads, head_dim, dtype) // 2
-        stem = os.path.join(directory, f"sparse-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.stem = stem = os.path.join(directory, f"sparse-{os.getpid()}-{uuid.uuid4().hex[:8]}")  # this run's files
         # the K|V pages' crcs live in the channel: the scorer checks the candidates it reads (candidate_reads.py)
         self.kv = RecordFile(stem + ".kv", RecordLayout(2 * self.token_bytes, layers, batch, slots), io,
                              page_checksums=channel.kv_checksums)

@@ -36,6 +36,7 @@ class HotPool:
         self.values = torch.empty(batch, heads, tiles * TILE, head_dim, dtype=dtype, pin_memory=pin)
         self.positions = np.full((batch, tiles * TILE), -1, dtype=np.int64)
         self.used = 0
+        self._capacity = 0  # slots held before `release`
 
     @property
     def capacity(self) -> int:
@@ -61,6 +62,23 @@ class HotPool:
         self.key_tiles = self._grown(self.key_tiles, tiles, dim=2)
         self.values = self._grown(self.values, tiles * TILE, dim=2)
         self.positions = np.concatenate([self.positions, np.full((len(self.positions), extra), -1)], axis=1)
+
+    def release(self) -> list[torch.Tensor]:
+        """Hand over the occupied part of the pool, [keys' tiles, values]: the pool lets go of its memory, which is
+        freed when the caller drops them. Positions and `used` stay; `restore` brings the pool back as it was."""
+        tiles = -(-self.used // TILE)
+        held = [self.key_tiles[:, :, :tiles].contiguous(), self.values[:, :, : self.used].contiguous()]
+        self._capacity = self.capacity
+        self.key_tiles, self.values = self.key_tiles[:, :, :0].clone(), self.values[:, :, :0].clone()
+        return held
+
+    def restore(self, key_tiles: torch.Tensor, values: torch.Tensor) -> None:
+        """Take back what `release` handed over, at the capacity the pool had then."""
+        tiles = -(-self._capacity // TILE)
+        self.key_tiles = self._grown(self.key_tiles, tiles, dim=2)
+        self.values = self._grown(self.values, tiles * TILE, dim=2)
+        self.key_tiles[:, :, : key_tiles.shape[2]] = key_tiles
+        self.values[:, :, : values.shape[2]] = values
 
     def _token_major(self) -> torch.Tensor:
         """The keys as [batch, heads, tiles, TILE, head_dim], a view: slot s is [..., s // TILE, s % TILE, :]."""
