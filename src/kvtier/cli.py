@@ -1,5 +1,5 @@
 """`kvtier` command line: generate | demo | batch | serve | store | models | cost |
-bench {sparse,serve,http,accuracy,latency,report,store,vllm-tier}.
+bench {sparse,serve,http,accuracy,ruler,latency,report,store,vllm-tier}.
 
 Every user-caused error (KvtierError) is printed as one line on stderr with a
 non-zero exit code and no traceback. Output piped into a reader that stops early
@@ -37,6 +37,7 @@ BENCH_COMMANDS = {
     "serve": "flash swap vs DRAM swap under continuous batching (HiFC)",
     "http": "the HTTP server under concurrent clients vs the offline engine",
     "accuracy": "needle grid, perplexity and attention-mass recall vs dense",
+    "ruler": "RULER-style tasks (retrieval, multi-hop, aggregation) for every KV mode vs dense",
     "latency": "HillInfer latency experiments a-f for every KV mode",
     "report": "regenerate bench/results/REPORT.md and plots from the JSON files",
     "store": "TTFT of a stored document's second question vs its first",

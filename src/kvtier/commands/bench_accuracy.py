@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import argparse
 
-from kvtier.commands.bench_options import add_run_options, check_writable, storage_directory
+from kvtier.commands.bench_options import add_run_options, check_writable, names_from, shares_from, storage_directory
 from kvtier.commands.kv_options import add_model_option
 from kvtier.data.needle import VARIANTS
 from kvtier.errors import ConfigError
 from kvtier.eval.accuracy.accuracy_grid import GRIDS, Grid
-from kvtier.eval.accuracy.budgets import BudgetShares
 from kvtier.kv_config import KV_MODES, KVConfig
 
 
@@ -60,7 +59,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     grid = _grid_from(args)
     modes = _modes(args.modes)
-    shares = _shares(args)
+    shares = shares_from(args)
     check_writable(args.out)
     storage_dir = storage_directory(args.storage_dir)
     import torch  # only now: torch takes seconds, the options are checked first
@@ -84,7 +83,7 @@ def _grid_from(args: argparse.Namespace) -> Grid:
     grid = Grid(
         contexts=_numbers(args.contexts, int, "--contexts") if args.contexts else preset.contexts,
         depths=_numbers(args.depths, float, "--depths") if args.depths else preset.depths,
-        variants=_names(args.variants, VARIANTS, "variant") if args.variants else preset.variants,
+        variants=names_from(args.variants, VARIANTS, "variant") if args.variants else preset.variants,
         seeds=preset.seeds if args.seeds is None else args.seeds,
         ppl_tokens=preset.ppl_tokens if args.ppl_tokens is None else args.ppl_tokens,
     )
@@ -97,23 +96,8 @@ def _grid_from(args: argparse.Namespace) -> Grid:
     return grid
 
 
-def _shares(args: argparse.Namespace) -> BudgetShares:
-    if not 0 < args.host_share <= 1 or not 0 <= args.device_share <= 1:
-        raise ConfigError(f"--host-share must be in (0, 1] and --device-share in [0, 1], got {args.host_share} "
-                          f"and {args.device_share}")
-    return BudgetShares(args.host_share, args.device_share)
-
-
 def _modes(text: str | None) -> list[str]:
-    return list(_names(text, KV_MODES, "KV mode")) if text else list(KV_MODES)
-
-
-def _names(text: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in known]
-    if unknown or not names:
-        raise ConfigError(f"unknown {what} {', '.join(unknown) or repr(text)}; choose from {', '.join(known)}")
-    return names
+    return list(names_from(text, KV_MODES, "KV mode")) if text else list(KV_MODES)
 
 
 def _numbers(text: str, kind: type, option: str) -> tuple:

@@ -1,4 +1,4 @@
-"""Options and checks shared by the evaluation benchmarks (`kvtier bench accuracy`, `bench latency`).
+"""Options and checks shared by the evaluation benchmarks (`kvtier bench accuracy`, `bench latency`, `bench ruler`).
 
 Budgets as shares of the prompt's KV, the corpus, where KV files and results go, and
 `--force`; results directories are checked before any model is loaded.
@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from kvtier.data.corpus import CORPUS_NAMES
-from kvtier.errors import StorageError
+from kvtier.errors import ConfigError, StorageError
 from kvtier.eval.accuracy.budgets import BudgetShares
 from kvtier.kv_config import default_storage_dir
 from kvtier.models.load_formats import LOAD_FORMATS
@@ -25,6 +25,23 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage-dir", default=None, help="directory for KV files (default: <user cache>/kvtier/kv)")
     parser.add_argument("--force", action="store_true", help="rerun finished cells")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
+
+
+def shares_from(args: argparse.Namespace) -> BudgetShares:
+    """`--host-share` and `--device-share`, checked."""
+    if not 0 < args.host_share <= 1 or not 0 <= args.device_share <= 1:
+        raise ConfigError(f"--host-share must be in (0, 1] and --device-share in [0, 1], got {args.host_share} "
+                          f"and {args.device_share}")
+    return BudgetShares(args.host_share, args.device_share)
+
+
+def names_from(text: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """The comma-separated names of `text`, each one of `known` (a ConfigError naming `what` otherwise)."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise ConfigError(f"unknown {what} {', '.join(unknown) or repr(text)}; choose from {', '.join(known)}")
+    return names
 
 
 def add_device_options(parser: argparse.ArgumentParser, what_lives_there: str) -> None:

@@ -1,7 +1,8 @@
 """`<results>/REPORT.md` with PNG plots in `<results>/plots/`, from whatever result files exist.
 
 Reads `latency-*.json` (kvtier bench latency: one section per experiment a-f, one
-subsection per model and grid) and `accuracy-*.json` (kvtier bench accuracy); the caller
+subsection per model and grid), `accuracy-*.json` (kvtier bench accuracy) and `ruler-*.json`
+(kvtier bench ruler); the caller
 adds sections rendered from other files (`kvtier bench report` adds sparse-*.json and
 serve.json). An experiment without a file says "not run yet" and how to run it. Files are
 read in name order and the plots carry no dates, so the same files give the same report.
@@ -16,12 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtier.data.ruler import FAMILIES
 from kvtier.errors import StorageError
 from kvtier.eval.accuracy.budgets import MIN_DEVICE_TOKENS
 from kvtier.eval.sparse.latency_grid import ABLATION_STEPS, EXPERIMENTS, Experiment
 from kvtier.eval.accuracy.needle_grid import needle_summary
 from kvtier.eval.accuracy.perplexity import perplexity_summary
-from kvtier.eval.report.plots import Series, bar_plot, line_plot, pyplot, scatter_plot, stacked_bars
+from kvtier.eval.accuracy.ruler_report import ALL, retention_table, summary as ruler_summary
+from kvtier.eval.report.plots import Series, bar_plot, grouped_bars, line_plot, pyplot, scatter_plot, stacked_bars
 from kvtier.eval.report_text import spread_text, tally_text
 from kvtier.eval.serving.serve_bench import render_markdown as serve_markdown
 from kvtier.eval.sparse.sparse_bench import markdown as sparse_markdown
@@ -40,11 +43,13 @@ class Results:
 
     latency: dict[str, list[dict]] = field(default_factory=dict)  # experiment name -> files
     accuracy: list[dict] = field(default_factory=list)
+    ruler: list[dict] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
 
 
 def load_results(directory: Path) -> Results:
-    """Every latency-*.json and accuracy-*.json in `directory`, in name order (each with its `file` name)."""
+    """Every latency-*.json, accuracy-*.json and ruler-*.json in `directory`, in name order (each with its `file`
+    name)."""
     results = Results()
     for path in sorted(directory.glob("latency-*.json")):
         data = read_json(path)
@@ -52,6 +57,9 @@ def load_results(directory: Path) -> Results:
         results.files.append(path.name)
     for path in sorted(directory.glob("accuracy-*.json")):
         results.accuracy.append(read_json(path) | {"file": path.name})
+        results.files.append(path.name)
+    for path in sorted(directory.glob("ruler-*.json")):
+        results.ruler.append(read_json(path) | {"file": path.name})
         results.files.append(path.name)
     return results
 
@@ -85,6 +93,7 @@ def write_report(directory: Path, appendices: list[tuple[str, str]] = ()) -> tup
     for experiment in EXPERIMENTS.values():
         lines += experiment_section(experiment, results.latency.get(experiment.name, []), directory / PLOTS_DIR, plots)
     lines += accuracy_section(results.accuracy, directory / PLOTS_DIR, plots)
+    lines += ruler_section(results.ruler, directory / PLOTS_DIR, plots)
     for title, markdown in appendices:
         lines += [f"## {title}", "", *demote_headings(markdown).rstrip().splitlines(), ""]
     report = directory / REPORT_NAME
@@ -95,7 +104,7 @@ def write_report(directory: Path, appendices: list[tuple[str, str]] = ()) -> tup
 def header(results: Results, appendix_titles: list[str]) -> list[str]:
     files = ", ".join(f"`{name}`" for name in results.files) or "none yet"
     machines = {machine_text(data["machine"]) for group in results.latency.values() for data in group}
-    machines |= {machine_text(data["machine"]) for data in results.accuracy}
+    machines |= {machine_text(data["machine"]) for data in results.accuracy + results.ruler}
     return [
         "# kvtier benchmark report", "",
         "Regenerate with `kvtier bench report`; the numbers come from `kvtier bench latency` (experiments a-f of "
@@ -297,6 +306,34 @@ def accuracy_section(files: list[dict], plots_dir: Path, plots: list[Path]) -> l
         plots.append(plot)
         lines += ["", f"![needle accuracy]({PLOTS_DIR}/{plot.name})", ""]
     return lines
+
+
+def ruler_section(files: list[dict], plots_dir: Path, plots: list[Path]) -> list[str]:
+    """Retention vs dense per task family and mode from `kvtier bench ruler` files, with a plot per file."""
+    lines = ["## RULER-style suite (kvtier bench ruler)", ""]
+    if not files:
+        return lines + ["_Not run yet: `kvtier bench ruler`._", ""]
+    for data in files:
+        lines += [f"### {data['settings'].get('model')} (`{data['file']}`)", ""]
+        if not data["cells"]:
+            lines += ["_No finished cells yet._", ""]
+            continue
+        plot = plots_dir / f"{Path(data['file']).stem}.png"
+        ruler_plot(plot, data)
+        plots.append(plot)
+        table = demote_headings("\n".join(retention_table(ruler_summary(list(data["cells"].values())))))
+        lines += [*table.splitlines(), f"Scores per family, task and context, costs: `{Path(data['file']).stem}.md`.",
+                  "", f"![retention per task family]({PLOTS_DIR}/{plot.name})", ""]
+    return lines
+
+
+def ruler_plot(path: Path, data: dict) -> None:
+    """Retention vs dense per task family (and over all), one bar per mode of a `kvtier bench ruler` file."""
+    rows = ruler_summary(list(data["cells"].values()))
+    groups = [*FAMILIES, ALL]
+    bars = {mode: [row["retention"].get(name) for name in groups] for mode, row in rows.items()}
+    grouped_bars(path, f"RULER-style suite, {data['settings']['model']}: retention vs dense", "score / dense's",
+                 groups, bars)
 
 
 # ---------------------------------------------------------------- helpers

@@ -1,4 +1,5 @@
-"""The report's PNG plots (matplotlib, Agg backend): lines with min-max bars, bars, stacked bars, scatter.
+"""The report's PNG plots (matplotlib, Agg backend): lines with min-max bars, bars, grouped and stacked bars,
+scatter.
 
 matplotlib is an optional dependency (`pip install 'kvtier[bench]'`); `pyplot()` says so
 in one line when it is missing. PNGs carry no software or date metadata, so the same
@@ -76,6 +77,20 @@ def bar_plot(path: Path, title: str, ylabel: str, bars: Series) -> None:
     axes.bar(positions, bars.y, yerr=bars.error_bars(), capsize=4, color="tab:blue")
     axes.set_xticks(list(positions), [str(label) for label in bars.x], rotation=20, ha="right")
     _finish(plt, figure, axes, path, title, "", ylabel, legend=False)
+
+
+def grouped_bars(path: Path, title: str, ylabel: str, groups: list[str], bars: dict[str, list[float | None]]) -> None:
+    """One group of bars per label in `groups`, one bar per key of `bars` (each a list aligned with `groups`; None
+    leaves a gap)."""
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=FIGURE_SIZE)
+    width = 0.8 / max(len(bars), 1)
+    for i, (name, heights) in enumerate(bars.items()):
+        positions = [group + (i - (len(bars) - 1) / 2) * width for group in range(len(groups))]
+        drawn = [(x, height) for x, height in zip(positions, heights) if height is not None]
+        axes.bar([x for x, _ in drawn], [height for _, height in drawn], width=width, label=name)
+    axes.set_xticks(list(range(len(groups))), groups)
+    _finish(plt, figure, axes, path, title, "", ylabel)
 
 
 def stacked_bars(path: Path, title: str, ylabel: str, labels: list[str], stacks: dict[str, list[float]]) -> None:
