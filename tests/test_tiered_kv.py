@@ -15,6 +15,7 @@ from kvtier.docstore.document_store import DocumentStore
 from kvtier.engine.sequence import SamplingParams
 from kvtier.engine.serving_engine import EngineConfig, LLMEngine
 from kvtier.errors import ConfigError
+from kvtier.kv.model_geometry import model_geometry
 from kvtier.kv_config import KVConfig
 from kvtier.tiered_kv import SparseTiers
 
@@ -105,3 +106,46 @@ def test_a_second_request_for_a_document_being_stored_prefills_alongside_and_sto
         outputs = engine.generate([DOCUMENT + "\nFirst?", DOCUMENT + "\nSecond?"], SamplingParams(max_new_tokens=3))
     assert [len(output.token_ids) for output in outputs] == [3, 3]
     assert len(store.entries()) == 1
+
+
+def _logbooks(count: int) -> list[str]:
+    return [f"Logbook {number}. " + DOCUMENT for number in range(count)]
+
+
+def test_tiered_sequences_set_aside_and_brought_back_give_the_outputs_of_a_run_without_preemption(llm, tmp_path):
+    kv = KVConfig(kv="sparse", alpha=0.2, storage_dir=str(tmp_path))
+    sampling = SamplingParams(max_new_tokens=12)
+    # One share: without a slice the three run one after another; with a 3-token slice they take turns, each set
+    # aside (window and hot pool to flash) and brought back several times. Each runs alone in its forwards either way.
+    with LLMEngine.from_llm(llm, engine_config(tmp_path, max_tiered_seqs=1, host_kv_budget="4MiB"),
+                            SparseTiers(llm, kv)) as engine:
+        expected = engine.generate(_logbooks(3), sampling)
+        assert engine.scheduler.stats.tiered_set_asides == 0
+    tiers = SparseTiers(llm, kv)
+    with LLMEngine.from_llm(llm, engine_config(tmp_path, max_tiered_seqs=1, host_kv_budget="4MiB", tiered_slice=3),
+                            tiers) as engine:
+        outputs = engine.generate(_logbooks(3), sampling)
+        stats = engine.scheduler.stats
+        assert kv_files(tmp_path) == []  # set-aside files go with their sequences
+    assert [output.token_ids for output in outputs] == [output.token_ids for output in expected]
+    assert stats.tiered_set_asides >= 6 and stats.recomputes == 0
+    counters = tiers.counters()
+    geometry = model_geometry(llm.model)
+    window = tiers.window_tokens() * geometry.token_bytes
+    slack = geometry.num_layers * 4096  # each layer's region ends on a page
+    assert counters["set_asides"] == stats.tiered_set_asides
+    assert counters["set_aside_bytes"] / counters["set_asides"] <= (4 << 20) + window + slack  # never the cold pool
+
+
+def test_a_request_aborted_while_set_aside_leaves_no_file(llm, tmp_path):
+    tiers = SparseTiers(llm, KVConfig(kv="sparse", storage_dir=str(tmp_path)))
+    config = engine_config(tmp_path, max_tiered_seqs=1, host_kv_budget="4MiB", tiered_slice=2)
+    with LLMEngine.from_llm(llm, config, tiers) as engine:
+        first, _ = (engine.add_request(prompt, SamplingParams(max_new_tokens=8)) for prompt in _logbooks(2))
+        while engine.scheduler.stats.tiered_set_asides == 0:
+            engine.step()
+        assert [name for name in kv_files(tmp_path) if name.endswith(".aside")]
+        engine.abort(first)
+        while engine.has_unfinished():
+            engine.step()
+        assert kv_files(tmp_path) == []

@@ -27,7 +27,8 @@ from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse import attention
 from kvtier.units import format_size
 
-COUNTERS = ("requests", "cold_read_bytes", "scorer_restarts", "reused_prompt_tokens", "kv_store_read_bytes")
+COUNTERS = ("requests", "cold_read_bytes", "scorer_restarts", "reused_prompt_tokens", "kv_store_read_bytes",
+            "set_asides", "set_aside_bytes")
 HEAD_TOKENS = 128  # the prompt's first tokens, decoded, name a stored document in `kvtier store list`
 
 
@@ -101,6 +102,8 @@ class SparseSequence:
         self._writer: EntryWriter | None = None
         self._document: str | None = None  # the document this sequence stores
         self._reused = 0
+        self._set_asides = 0
+        self._set_aside_bytes = 0
         self._closed = False
 
     def load(self, reuse: PromptReuse | None) -> int:
@@ -139,6 +142,15 @@ class SparseSequence:
         self._reuse.publish(self._writer)
         self._stop_storing()
 
+    def set_aside(self) -> int:
+        written = self.cache.set_aside()
+        self._set_asides += 1
+        self._set_aside_bytes += written
+        return written
+
+    def bring_back(self) -> None:
+        self.cache.bring_back()
+
     def tier_bytes(self) -> dict[str, int]:
         return tier_bytes(self.cache, self._tiers.llm.model)
 
@@ -147,7 +159,8 @@ class SparseSequence:
         reuse = self._reuse
         return {"requests": 1, "cold_read_bytes": self.cache.io_stats().bytes_read, "scorer_restarts": self.cache.scorer_restarts(),
                 "reused_prompt_tokens": self._reused,
-                "kv_store_read_bytes": 0 if reuse is None else reuse.bytes_read}
+                "kv_store_read_bytes": 0 if reuse is None else reuse.bytes_read,
+                "set_asides": self._set_asides, "set_aside_bytes": self._set_aside_bytes}
 
     def close(self) -> None:
         if self._closed:

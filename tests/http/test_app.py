@@ -22,9 +22,10 @@ QUESTION = "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def server(llm, tmp_path_factory):
-    # 24 blocks of 16 tokens: short prompts are paged, a ~500-token one is tiered.
+    # 24 blocks of 16 tokens: short prompts are paged, a ~500-token one is tiered; a tiered sequence yields its share
+    # to a waiting one after 8 tokens.
     with running_server(llm, tmp_path_factory.mktemp("app"), api_key=KEY, sparse=True, device_blocks=24,
-                        swap="flash", swap_space="16MiB") as (thread, backend):
+                        swap="flash", swap_space="16MiB", tiered_slice=8) as (thread, backend):
         yield thread, backend
 
 
@@ -138,7 +139,8 @@ def test_a_prompt_beyond_the_device_pool_is_a_tiered_sequence_reusing_the_stored
 
 def test_eight_concurrent_tiered_requests_each_find_their_planted_fact(server):
     """Alpha 0.2 (the default): each tiered sequence attends a fifth of its pooled tokens, yet finds its needle,
-    while the others decode in the same forwards (four at a time, the rest waiting for a host share)."""
+    while the others decode in the same forwards (four at a time, the rest waiting for a host share, which the
+    running ones yield after 8 tokens: set aside on flash and brought back)."""
     from kvtier.data.corpus import generate_text
     from kvtier.data.needle import build_haystack, make_needles, score_answer
 
@@ -161,6 +163,8 @@ def test_eight_concurrent_tiered_requests_each_find_their_planted_fact(server):
     replies = asyncio.run(ask_all())
     after = scrape(server[0].url, KEY)
     assert moved(before, after, "kvtier:requests_total", path="tiered") == 8
+    assert moved(before, after, "kvtier:tiered_set_asides_total") >= 4
+    assert moved(before, after, "kvtier:tiered_set_aside_bytes_total") > 0
     answers = [reply.choices[0].message.content for reply in replies]
     assert [score_answer(answer, value) for answer, (_, value) in zip(answers, prompts)] == [True] * 8, answers
 

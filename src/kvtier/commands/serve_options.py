@@ -38,6 +38,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     tiered.add_argument("--max-tiered-seqs", type=int, default=defaults.max_tiered_seqs,
                         help="tiered sequences running at once, each with an equal share of the host budget "
                              "(default %(default)s)")
+    tiered.add_argument("--tiered-slice", type=int, default=defaults.tiered_slice,
+                        help="decode tokens after which a tiered sequence yields its share to a waiting long request, "
+                             "its window and hot pool set aside on flash (default %(default)s: never)")
     tiered.add_argument("--storage-dir", default=None,
                         help="directory of the tiered sequences' cold-pool files (default: <user cache>/kvtier/kv)")
 
@@ -48,7 +51,7 @@ def engine_config_from(args: argparse.Namespace, **overrides: object) -> EngineC
         "swap_space": args.swap_space, "flash_path": args.flash_path, "flash_allocator": args.flash_allocator,
         "io_threads": args.io_threads, "max_num_seqs": args.max_num_seqs,
         "max_batched_tokens": args.max_batched_tokens, "host_kv_budget": args.host_kv_budget,
-        "max_tiered_seqs": args.max_tiered_seqs,
+        "max_tiered_seqs": args.max_tiered_seqs, "tiered_slice": args.tiered_slice,
     }
     return EngineConfig(**(fields | overrides)).validated()
 

@@ -35,6 +35,9 @@ class EngineConfig:
     # `max_tiered_seqs` equal shares (one per running tiered sequence).
     host_kv_budget: int | str = "256MiB"
     max_tiered_seqs: int = 4
+    # Decode tokens after which a tiered sequence yields its share to a waiting tiered request (its window and hot
+    # pool set aside on flash, scheduler.py); 0: it keeps its share to its end.
+    tiered_slice: int = 0
 
     def validated(self) -> EngineConfig:
         if self.swap not in SWAP_MODES:
@@ -45,5 +48,7 @@ class EngineConfig:
             raise ConfigError(f"io_threads must be at least 1, got {self.io_threads}")
         if self.max_tiered_seqs < 1:
             raise ConfigError(f"max_tiered_seqs must be at least 1, got {self.max_tiered_seqs}")
+        if self.tiered_slice < 0:
+            raise ConfigError(f"tiered_slice must be 0 (off) or a positive token count, got {self.tiered_slice}")
         parse_size(self.device_kv_budget), parse_size(self.swap_space), parse_size(self.host_kv_budget)
         return self

@@ -33,7 +33,16 @@ produce the same schedule, the same swaps and therefore the same outputs):
    victim's blocks are freed at once and it re-enters the waiting queue.
    A tiered sequence is scheduled like the rest (a prefill chunk within the
    token budget, or one decode token) but needs no new blocks, and is never a
-   victim: its reservation is small and its tiers lie outside the pool.
+   victim for blocks: its reservation is small and its tiers lie outside the pool.
+
+A tiered sequence gives up its share (admission, step 3) to a waiting tiered
+request of higher priority, or, with `Tiers.slice_tokens`, of equal priority
+once it has decoded that many tokens since it last started: its KV is set
+aside (its device window and hot pool written to flash, its cold pool left
+where it is), its reservation freed, and it queues again at the back of the
+waiting queue, to be brought back exactly where it stopped when its turn
+comes. Only a sequence past its prompt is set aside. A failed write leaves it
+running as it was (no room is made); a failed read back recomputes it.
 """
 
 from __future__ import annotations
@@ -61,6 +70,8 @@ class SchedulerStats:
     swap_failures: int = 0
     checksum_failures: int = 0
     stalls: int = 0  # sequence-steps skipped while waiting for blocks
+    tiered_set_asides: int = 0  # tiered sequences preempted: window and hot pool written to flash
+    tiered_set_aside_bytes: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -86,6 +97,7 @@ class Scheduler:
         self.tiers = tiers
         self.failed: list[Sequence] = []  # sequences that could not start (their error in `warnings`), this step
         self._last_run: dict[int, int] = {}
+        self._started_at: dict[int, int] = {}  # a running tiered sequence's output length when it last started
 
     def add(self, seq: Sequence) -> None:
         """Queue `seq`: paged when the pool could hold all of its KV, else tiered (when the engine has tiers)."""
@@ -141,6 +153,7 @@ class Scheduler:
         """Give back what `seq` holds: its device blocks and, if tiered, every tier of its KV."""
         self.blocks.release(seq)
         self._last_run.pop(seq.request_id, None)
+        self._started_at.pop(seq.request_id, None)
         if seq.kv is not None:
             seq.kv.close()
             seq.kv = None
@@ -207,11 +220,13 @@ class Scheduler:
         """Start the tiered sequence at the head of the queue if a tiered share is free; False when it must wait.
         Its KV is opened now (a stored document's prefix loaded into it); a failure ends the request."""
         tiers = self.tiers
-        if len(self.tiered_running()) >= tiers.max_seqs:
+        if len(self.tiered_running()) >= tiers.max_seqs and not self._make_tiered_room(seq):
             return False
         if self.blocks.num_free < tiers.budgets.device_blocks + self._watermark():
             return False
         self.waiting.popleft()
+        if seq.kv is not None:  # set aside earlier: bring it back where it stopped
+            return self._bring_back(seq)
         try:
             seq.kv, seq.num_computed = tiers.provider.open(seq.prompt_ids, seq.max_tokens, tiers.budgets.device_bytes,
                                                            tiers.budgets.host_bytes)
@@ -221,6 +236,50 @@ class Scheduler:
             self.failed.append(seq)
             return True
         seq.block_table = self.blocks.allocate(tiers.budgets.device_blocks)
+        self._start_running(seq)
+        return True
+
+    def _make_tiered_room(self, seq: Sequence) -> bool:
+        """Set aside the running tiered sequence that `seq` may take a share from (see the module docstring)."""
+        victim = min(self._tiered_victims(seq), key=self._tiered_victim_key, default=None)
+        if victim is None:
+            return False
+        try:
+            written = victim.kv.set_aside()
+        except StorageError as error:  # nothing was lost: it runs on, and `seq` waits
+            victim.warnings.append(f"could not be set aside for another request: {error}")
+            return False
+        self.running.remove(victim)
+        self.blocks.release(victim)  # its device window's reservation
+        victim.status = Status.WAITING
+        self.waiting.append(victim)
+        self.stats.tiered_set_asides += 1
+        self.stats.tiered_set_aside_bytes += written
+        return True
+
+    def _tiered_victims(self, seq: Sequence) -> list[Sequence]:
+        """Running tiered sequences past their prompt that `seq` outranks, or (with a slice) has waited for."""
+        slice_tokens, priority = self.tiers.slice_tokens, seq.sampling.priority
+        return [victim for victim in self.tiered_running() if victim.output_ids and (
+            victim.sampling.priority < priority or (
+                slice_tokens and victim.sampling.priority == priority and
+                len(victim.output_ids) - self._started_at.get(victim.request_id, 0) >= slice_tokens))]
+
+    def _tiered_victim_key(self, seq: Sequence) -> tuple[int, int]:
+        """Lowest priority first, then the longest run since it started."""
+        return seq.sampling.priority, self._started_at.get(seq.request_id, 0) - len(seq.output_ids)
+
+    def _bring_back(self, seq: Sequence) -> bool:
+        """Resume a set-aside tiered sequence; unreadable KV (a checksum or read error) recomputes it."""
+        try:
+            seq.kv.bring_back()
+        except StorageError as error:
+            self.stats.checksum_failures += isinstance(error, ChecksumError)
+            seq.kv.close()
+            seq.kv = None
+            self._recompute(seq, f"set-aside KV unreadable, recomputed: {error}")
+            return True
+        seq.block_table = self.blocks.allocate(self.tiers.budgets.device_blocks)
         self._start_running(seq)
         return True
 
@@ -301,6 +360,7 @@ class Scheduler:
     def _start_running(self, seq: Sequence) -> None:
         seq.status = Status.RUNNING
         self._last_run[seq.request_id] = self.stats.steps
+        self._started_at[seq.request_id] = len(seq.output_ids)
         self.running.append(seq)
 
     def _watermark(self) -> int:

@@ -271,7 +271,7 @@ class LLMEngine:
         host_share = parse_size(self.config.host_kv_budget) // self.config.max_tiered_seqs
         provider.check(host_share)
         budgets = TierBudgets(blocks, blocks * _block_bytes(geometry, self.config.block_tokens), host_share)
-        return Tiers(provider, budgets, self.config.max_tiered_seqs)
+        return Tiers(provider, budgets, self.config.max_tiered_seqs, self.config.tiered_slice)
 
     def _make_swap(self) -> SwapBackend | None:
         config = self.config

@@ -9,7 +9,8 @@ attends: dense over the prompt while it prefills, sparse selection and exact att
 Budgets are the engine's. The device budget is the paged pool: a tiered sequence reserves pool blocks
 for its device window (sink + recent + the tokens waiting to retire, every layer), which it keeps in
 tensors of its own, so paged and tiered KV together never exceed it. The host budget is split into
-`max_tiered_seqs` equal shares, one per running tiered sequence's hot pool.
+`max_tiered_seqs` equal shares, one per running tiered sequence's hot pool. A running tiered sequence
+can be preempted (scheduler.py): its KV is set aside, only what is not on flash already written there.
 """
 
 from __future__ import annotations
@@ -34,8 +35,16 @@ class SequenceKV(Protocol):
     def prompt_done(self) -> None:
         """Every prompt token is in: tier the prompt's KV (and store the document) before the first decode."""
 
+    def set_aside(self) -> int:
+        """Preempted: write what is not on flash yet (device window, hot pool) to flash and let go of it; returns
+        the bytes written. Only after `prompt_done`. Raises StorageError with the KV as it was."""
+
+    def bring_back(self) -> None:
+        """Resume after `set_aside`, exactly where it stopped. Raises StorageError (ChecksumError) when the
+        set-aside KV cannot be read back whole; the sequence must then be recomputed (close this KV)."""
+
     def tier_bytes(self) -> dict[str, int]:
-        """KV bytes held now per tier ("device", "host", "storage")."""
+        """KV bytes held now per tier ("device", "host", "storage"; set-aside bytes count as storage)."""
 
     def close(self) -> None:
         """Release every tier (device window, host pool, files). Safe to call more than once."""
@@ -70,8 +79,10 @@ class TierBudgets:
 
 @dataclass(frozen=True)
 class Tiers:
-    """The engine's tiered sequences: who makes their KV, what each may hold, how many run at once."""
+    """The engine's tiered sequences: who makes their KV, what each may hold, how many run at once, and how many
+    tokens one decodes before it yields its share to a waiting one (0: it runs to its end)."""
 
     provider: TierProvider
     budgets: TierBudgets
     max_seqs: int
+    slice_tokens: int = 0

@@ -84,7 +84,11 @@ class _EngineCollector(Collector):
                 ("kvtier:tiered_reused_prompt_tokens", "Tiered prompt tokens loaded from the document KV store",
                  tiered.get("reused_prompt_tokens", 0)),
                 ("kvtier:tiered_kv_store_read_bytes", "Bytes tiered sequences read from the document KV store",
-                 tiered.get("kv_store_read_bytes", 0))):
+                 tiered.get("kv_store_read_bytes", 0)),
+                ("kvtier:tiered_set_asides", "Tiered sequences preempted: window and hot pool set aside on flash",
+                 tiered.get("set_asides", 0)),
+                ("kvtier:tiered_set_aside_bytes", "Bytes tiered sequences wrote to flash when set aside",
+                 tiered.get("set_aside_bytes", 0))):
             yield CounterMetricFamily(name, doc, value=value)
 
 
