@@ -58,12 +58,15 @@ def test_random_prompts_are_the_asked_length_and_the_same_every_run(tiny_model_d
     assert all(len(tokenizer(text)["input_ids"]) == 50 for text in texts)
 
 
-def test_the_documents_workload_runs_three_servers_and_short_requests_beside_tiered_ones(tiny_model_dir, tmp_path):
+def test_the_documents_workload_runs_four_servers_and_short_requests_beside_tiered_ones(tiny_model_dir, tmp_path):
     out = bench_http(tiny_model_dir, tmp_path, "--workload", "documents", "--documents", "2", "--document-tokens",
                      "1500", "--new-tokens", "12", "--repeats", "1", "--device-kv-budget", "512KiB",
-                     "--host-kv-budget", "2MiB", "--swap-space", "8MiB")
+                     "--host-kv-budget", "2MiB", "--max-tiered-seqs", "2", "--tiered-slice", "4",
+                     "--swap-space", "8MiB")
     result = json.loads((out / "http-documents.json").read_text())
-    assert set(result["servers"]) == {"tiered", "serial", "paged"} and result["questions"] == 4
+    assert set(result["servers"]) == {"tiered", "sliced", "serial", "paged"} and result["questions"] == 4
+    [sliced], [tiered] = result["servers"]["sliced"]["runs"], result["servers"]["tiered"]["runs"]
+    assert sliced["set_asides"] >= 2 and sliced["set_aside_bytes"] > 0 and tiered["set_asides"] == 0
     assert all(server["same_answers"] <= 4 and server["tokens_per_s"] > 0 for server in result["servers"].values())
     mixed = result["mixed"]
     assert mixed["tiered"] == 2 and mixed["short_requests"] == 8  # both long questions ran as tiered sequences

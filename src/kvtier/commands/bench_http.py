@@ -81,6 +81,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                            help="the tiered sequences' host budget, over all of them (default %(default)s)")
     documents.add_argument("--max-tiered-seqs", type=int, default=workload.max_tiered_seqs,
                            help="tiered sequences at once (default %(default)s)")
+    documents.add_argument("--tiered-slice", type=int, default=workload.tiered_slice,
+                           help="the sliced server's tokens before a tiered sequence yields its share "
+                                "(default %(default)s)")
     parser.set_defaults(run=run)
     return parser
 
@@ -137,12 +140,13 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run_documents(args: argparse.Namespace) -> int:
     """`--workload documents` (kvtier.eval.serving.documents_bench explains the method)."""
-    if min(args.documents, args.document_tokens, args.new_tokens, args.repeats, args.max_tiered_seqs) < 1:
-        raise ConfigError("--documents, --document-tokens, --new-tokens, --repeats and --max-tiered-seqs must be "
-                          "positive")
+    if min(args.documents, args.document_tokens, args.new_tokens, args.repeats, args.max_tiered_seqs,
+           args.tiered_slice) < 1:
+        raise ConfigError("--documents, --document-tokens, --new-tokens, --repeats, --max-tiered-seqs and "
+                          "--tiered-slice must be positive")
     check_writable(args.out)
     workload = DocumentsWorkload(args.documents, args.document_tokens, args.new_tokens, args.device_kv_budget,
-                                 args.host_kv_budget, args.max_tiered_seqs, args.repeats)
+                                 args.host_kv_budget, args.max_tiered_seqs, args.repeats, args.tiered_slice)
     base = EngineConfig(block_tokens=args.block_tokens, swap_space=args.swap_space).validated()
     # only now: torch takes seconds, the options are checked first
     from kvtier.eval.serving.documents_bench import render_documents_markdown, run_documents_benchmark
@@ -158,7 +162,7 @@ def documents_command_line(args: argparse.Namespace) -> str:
             f"--documents {args.documents} --document-tokens {args.document_tokens} --new-tokens {args.new_tokens} "
             f"--repeats {args.repeats} --block-tokens {args.block_tokens} --swap-space {args.swap_space} "
             f"--device-kv-budget {args.device_kv_budget} --host-kv-budget {args.host_kv_budget} "
-            f"--max-tiered-seqs {args.max_tiered_seqs}{_placement(args)}")
+            f"--max-tiered-seqs {args.max_tiered_seqs} --tiered-slice {args.tiered_slice}{_placement(args)}")
 
 
 def run_random(args: argparse.Namespace, levels: tuple[int, ...]) -> int:

@@ -8,6 +8,8 @@ each run, in alternating order over the repeats:
 
     tiered   the engine with tiered sequences, `max_tiered_seqs` at once, each with an equal share of the
              host budget
+    sliced   the same, each tiered sequence yielding its share to a waiting question after `tiered_slice`
+             tokens (set aside on flash, brought back later)
     serial   the same engine and per-sequence budgets, one tiered sequence at a time (how long prompts
              were served before: a single worker)
     paged    the engine alone, its device pool as large as the tiered run's device and host budgets
@@ -48,7 +50,7 @@ from kvtier.kv_config import KVConfig
 from kvtier.tiered_kv import SparseTiers
 from kvtier.units import parse_size
 
-SERVERS = ("tiered", "serial", "paged")
+SERVERS = ("tiered", "sliced", "serial", "paged")
 QUESTIONS_PER_DOCUMENT = 2
 SAMPLE_S = 0.25  # how often /metrics is read for the peak KV bytes
 SHORT_REQUESTS = 8  # mixed traffic: short chat requests, one after another
@@ -147,7 +149,7 @@ def _configs(base: EngineConfig, workload: DocumentsWorkload, directory: Path) -
     device, host = parse_size(workload.device_kv_budget), parse_size(workload.host_kv_budget)
     tiered = replace(base, device_kv_budget=device, host_kv_budget=host, max_tiered_seqs=workload.max_tiered_seqs,
                      device_blocks=None, flash_path=str(directory / "bench-documents.kvc"))
-    return {"tiered": tiered,
+    return {"tiered": tiered, "sliced": replace(tiered, tiered_slice=workload.tiered_slice),
             "serial": replace(tiered, host_kv_budget=host // workload.max_tiered_seqs, max_tiered_seqs=1),
             "paged": replace(tiered, device_kv_budget=device + host)}
 
@@ -203,7 +205,8 @@ def _cell(run: LevelRun, peaks: _Sampler, asked: list[Question], url: str) -> di
             "ttft_p50_s": percentile(run.ttft_s, 0.5), "ttft_p99_s": percentile(run.ttft_s, 0.99),
             "itl_p50_s": percentile(run.itl_s, 0.5), "itl_p99_s": percentile(run.itl_s, 0.99),
             "ttft_s": run.ttft_s, "read_bytes_per_token": read / run.tokens, "peak_device_bytes": peaks.device,
-            "peak_host_bytes": peaks.host,
+            "peak_host_bytes": peaks.host, "set_asides": metrics.get(("kvtier:tiered_set_asides_total", ()), 0.0),
+            "set_aside_bytes": metrics.get(("kvtier:tiered_set_aside_bytes_total", ()), 0.0),
             "correct": sum(score_answer(text, question.expected) for text, question in zip(run.texts, asked)),
             "texts": run.texts}
 
@@ -236,10 +239,13 @@ def render_documents_markdown(result: dict[str, Any]) -> str:
                      f"{spread(cell, 'itl_p99_s', 0, 1000)} | {spread(cell, 'read_bytes_per_token', 0, 1 / 1024)} | "
                      f"{cell['peak_device_bytes'] / 2**20:.0f} | {cell['peak_host_bytes'] / 2**20:.0f} | "
                      f"{cell['correct']}/{result['questions']} | {cell['same_answers']}/{result['questions']} |")
-    tiered, mixed = servers["tiered"], result["mixed"]
-    lines += ["", f"Tiered vs serial: throughput {tiered['tokens_per_s'] / servers['serial']['tokens_per_s']:.2f}x, "
-                  f"TTFT p99 {tiered['ttft_p99_s'] / servers['serial']['ttft_p99_s']:.2f}x; vs paged: throughput "
-                  f"{tiered['tokens_per_s'] / servers['paged']['tokens_per_s']:.2f}x.", "",
+    tiered, sliced, serial, mixed = servers["tiered"], servers["sliced"], servers["serial"], result["mixed"]
+    lines += ["", f"Tiered vs serial: throughput {tiered['tokens_per_s'] / serial['tokens_per_s']:.2f}x, "
+                  f"TTFT p99 {tiered['ttft_p99_s'] / serial['ttft_p99_s']:.2f}x; vs paged: throughput "
+                  f"{tiered['tokens_per_s'] / servers['paged']['tokens_per_s']:.2f}x. Sliced (every "
+                  f"{workload['tiered_slice']} tokens) vs serial: throughput "
+                  f"{sliced['tokens_per_s'] / serial['tokens_per_s']:.2f}x, TTFT p99 "
+                  f"{sliced['ttft_p99_s'] / serial['ttft_p99_s']:.2f}x.", "",
               f"Mixed traffic (tiered server): {mixed['short_requests']} short requests one after another, time to "
               f"first token p50 {mixed['idle_ttft_p50_s'] * 1000:.0f} ms on the idle server, "
               f"{mixed['busy_ttft_p50_s'] * 1000:.0f} ms while {mixed['tiered']} tiered sequences decode "

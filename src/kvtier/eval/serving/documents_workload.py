@@ -24,3 +24,4 @@ class DocumentsWorkload:
     host_kv_budget: str = "448MiB"
     max_tiered_seqs: int = 4
     repeats: int = 2
+    tiered_slice: int = 16  # the "sliced" server's --tiered-slice
