@@ -4,11 +4,13 @@ checked against dense (mechanics, not scores)."""
 import json
 
 import pytest
+import torch
 
 from kvtier.eval.accuracy import ruler_bench
 from kvtier.eval.accuracy.budgets import BudgetShares
 from kvtier.eval.accuracy.ruler_bench import ModesDiffer, RulerOptions, run_ruler
 from kvtier.eval.accuracy.ruler_grid import SUITE_MODES
+from kvtier.modes import KVConfig, make_cache
 
 TASKS = ["niah_single_noise", "vt", "fwe"]  # one task of each family
 CONTEXT = 600
@@ -59,3 +61,17 @@ def test_an_offload_answer_that_differs_from_dense_stops_the_run(tiny_llm, tmp_p
         _run(tiny_llm, tmp_path, modes=("dense", "offload", "quest"), tasks=["fwe"])
     cells = json.loads((tmp_path / "out" / f"ruler-{tiny_llm.name}.json").read_text())["cells"]
     assert sorted(cell["mode"] for cell in cells.values()) == ["dense", "offload"]  # kept, as evidence; quest not run
+
+
+def test_an_answer_stops_at_its_cap_or_once_it_is_done(tiny_llm, monkeypatch):
+    model = tiny_llm.model
+    ids = torch.randint(2, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(model.generation_config, "eos_token_id", -1)  # a random model's greedy EOS: none here
+
+    def tokens(**stop):
+        with torch.inference_mode():
+            cache = make_cache(model, KVConfig(), 60)
+            return ruler_bench.greedy_tokens(tiny_llm, cache, model(input_ids=ids, cache=cache).logits[:, -1], **stop)
+
+    assert len(tokens(limit=9)) == 9
+    assert len(tokens(limit=9, done=lambda ids: len(ids) == 4)) == 4

@@ -48,7 +48,7 @@ def common_words_sample(name: str, seed: int, size: int, corpus_text: str) -> Ru
                 f"Question: What are the {COMMON} most common words in the above list?",
         answer_prefix=f"Answer: The top {COMMON} words that appear most often in the list are:",
         expected=tuple(common),
-        answer_tokens=64,
+        answer_tokens=48,
     )
 
 
@@ -73,7 +73,7 @@ def frequent_words_sample(name: str, seed: int, size: int, corpus_text: str = ""
                 "coded text?",
         answer_prefix="Answer: According to the coded text above, the three most frequently appeared words are:",
         expected=tuple(vocabulary[1 : FREQUENT + 1]),
-        answer_tokens=24,
+        answer_tokens=20,
     )
 
 

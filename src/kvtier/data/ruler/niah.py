@@ -35,7 +35,7 @@ class NeedleTask:
     keys: int = 1
     values: int = 1  # per key
     asked: int = 1  # keys asked (the first `asked` planted)
-    answer_tokens: int = 20
+    answer_tokens: int = 16  # a seven-digit value and the words before it
 
 
 NEEDLE_TASKS = {
@@ -43,8 +43,8 @@ NEEDLE_TASKS = {
     "niah_single_noise": NeedleTask("noise"),
     "niah_single_random": NeedleTask("random"),
     "niah_multikey": NeedleTask("essay", keys=4),
-    "niah_multivalue": NeedleTask("essay", values=4, answer_tokens=48),
-    "niah_multiquery": NeedleTask("essay", keys=4, asked=4, answer_tokens=48),
+    "niah_multivalue": NeedleTask("essay", values=4, answer_tokens=40),
+    "niah_multiquery": NeedleTask("essay", keys=4, asked=4, answer_tokens=40),
 }
 
 

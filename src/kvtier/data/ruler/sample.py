@@ -24,7 +24,7 @@ class RulerSample:
     context: str  # instructions, document and question: the user turn
     answer_prefix: str  # the answer's first words, given to the model (RULER's answer prefix)
     expected: tuple[str, ...]  # every string the answer must contain
-    answer_tokens: int  # new tokens the task allows (RULER's tokens_to_generate, cut for small models)
+    answer_tokens: int  # new tokens the task allows (RULER's tokens_to_generate, cut to what the answer needs)
 
 
 Make = Callable[[int], RulerSample]

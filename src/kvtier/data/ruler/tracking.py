@@ -37,5 +37,5 @@ def tracking_sample(name: str, seed: int, size: int, corpus_text: str = "") -> R
         answer_prefix=f"Answer: According to the chain of variable assignments in the text above, {HOPS + 1} "
                       f"variables are assigned the value {value}, they are:",
         expected=tuple(variables),
-        answer_tokens=32,
+        answer_tokens=28,
     )

@@ -2,8 +2,10 @@
 
 What is measured and why: the command's description (kvtier.commands.bench_ruler). A sample is generated
 once (kvtier.data.ruler), its prompt prefilled densely once and replayed into each mode's cache
-(prompt_replay.py), then each mode decodes its greedy answer. Cells are stored as they finish, so a run
-resumes where it stopped; the report (ruler_report.py) covers every finished cell.
+(prompt_replay.py), then each mode decodes its greedy answer, up to the task's cap or an end of sequence, or
+until it names every expected string (its score cannot change after that: decode steps saved on two cores).
+Cells are stored as they finish, so a run resumes where it stopped; the report (ruler_report.py) covers every
+finished cell.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +34,7 @@ from kvtier.sparse import decoding
 from kvtier.sparse.threads import torch_threads
 
 PREFILL_CHUNK = 1024
+PREFILL_THREADS = os.cpu_count() or 1  # a prompt goes in before any scorer works: every core (modes decode on theirs)
 CORPUS_CHARS = 400_000  # essay stretches and the common-word vocabulary for 16K-token prompts, with room
 
 
@@ -91,7 +95,7 @@ def _run_sample(llm, cells: list[RulerCell], store: ResultStore, shares: BudgetS
     first = cells[0]
     sample = make_sample(first.task, first.seed, first.context, lambda s: sample_ids(llm, s).shape[1], corpus_text)
     ids = sample_ids(llm, sample)
-    with torch_threads(os.cpu_count() or 1):  # dense and alone: every core (the modes decode on their own threads)
+    with torch_threads(PREFILL_THREADS):
         recording = record_prompt(llm.model, ids, PREFILL_CHUNK)
     for cell in cells:
         started = time.perf_counter()
@@ -120,11 +124,12 @@ def run_cell(llm, cell: RulerCell, sample: RulerSample, recording: RecordedPromp
     with torch.inference_mode():
         cache = make_cache(llm.model, kv_config, prompt_tokens + sample.answer_tokens, 1, llm.model_id)
         try:
-            logits = recording.prefill(llm.model, cache)
+            with torch_threads(PREFILL_THREADS):  # H2O sums every prompt query's attention here: a prefill's work
+                logits = recording.prefill(llm.model, cache)
             with decoding(kv):
                 cache.place_prompt()
                 started = time.perf_counter()
-                tokens = greedy_tokens(llm, cache, logits, sample.answer_tokens)
+                tokens = greedy_tokens(llm, cache, logits, sample.answer_tokens, _names_all(llm, sample))
                 decode_s = time.perf_counter() - started
             read = cache.io_stats().bytes_read
         finally:
@@ -139,16 +144,23 @@ def run_cell(llm, cell: RulerCell, sample: RulerSample, recording: RecordedPromp
     }
 
 
-def greedy_tokens(llm, cache, logits: torch.Tensor, limit: int) -> list[int]:
-    """Greedy ids after the prompt whose last logits [1, vocab] are `logits`, up to `limit` or end of sequence."""
+def greedy_tokens(llm, cache, logits: torch.Tensor, limit: int,
+                  done: Callable[[list[int]], bool] = lambda tokens: False) -> list[int]:
+    """Greedy ids after the prompt whose last logits [1, vocab] are `logits`: up to `limit`, an end of sequence, or
+    until `done(ids)`."""
     eos = llm.model.generation_config.eos_token_id
     eos = set(eos) if isinstance(eos, (list, tuple)) else {eos if eos is not None else llm.tokenizer.eos_token_id}
     tokens = [int(logits.argmax(dim=-1)[0])]
-    while tokens[-1] not in eos and len(tokens) < limit:
+    while tokens[-1] not in eos and len(tokens) < limit and not done(tokens):
         step = torch.tensor([[tokens[-1]]], device=llm.model.device)
         logits = llm.model(input_ids=step, cache=cache, use_cache=True).logits[:, -1]
         tokens.append(int(logits.argmax(dim=-1)[0]))
     return tokens
+
+
+def _names_all(llm, sample: RulerSample) -> Callable[[list[int]], bool]:
+    """Whether an answer's ids already name every expected string: more tokens cannot lower its score then."""
+    return lambda tokens: string_match_all(llm.tokenizer.decode(tokens, skip_special_tokens=True), sample.expected) == 1
 
 
 def _check_equal(store: ResultStore, cell: RulerCell, result: dict) -> None:
@@ -166,7 +178,7 @@ def _settings(llm, corpus, shares: BudgetShares, options: RulerOptions) -> dict:
     """What every cell of a results file shares (a file of other settings is refused unless --force)."""
     return {"model": llm.name, "corpus": {"name": corpus.name, "license": corpus.license, "source": corpus.source},
             "beta": options.beta, **shares.as_dict(), "suite_modes": SUITE_MODES, "prefill_chunk": PREFILL_CHUNK,
-            "live_tokens": LIVE_TOKENS, "torch_threads": torch.get_num_threads(),
+            "live_tokens": LIVE_TOKENS, "torch_threads": torch.get_num_threads(), "prefill_threads": PREFILL_THREADS,
             "cache_bypass": cache_bypass(options.storage_dir)}
 
 
