@@ -61,11 +61,19 @@ def _write_accuracy_file(directory) -> None:
         store.put(cell_key(**perplexity), perplexity | {"ppl": ppl, "attention_mass_recall": 0.9})
 
 
+def _write_ruler_file(directory) -> None:
+    store = ResultStore(directory / "ruler-tiny.json", {"model": "tiny"}, directory)
+    for mode, score in (("dense", 1.0), ("quest", 0.5)):
+        cell = {"task": "niah_single_essay", "context": 2048, "seed": 0, "mode": mode}
+        store.put(cell_key(**cell), cell | {"score": score, "token_ids": [1]})
+
+
 @pytest.fixture
 def results(tmp_path):
     for letter in EXPERIMENTS:
         _write_latency_file(tmp_path, letter)
     _write_accuracy_file(tmp_path)
+    _write_ruler_file(tmp_path)
     return tmp_path
 
 
@@ -80,8 +88,9 @@ def test_every_section_has_a_table_and_a_png(results):
     for experiment in EXPERIMENTS.values():
         assert f"## ({experiment.letter}) {experiment.title}" in report
     assert "## Accuracy (kvtier bench accuracy)" in report and "| sparse | 0/1 (0%) | 0.00 | 1024: +0.500 |" in report
+    assert "## RULER-style suite (kvtier bench ruler)" in report and "| quest | 0.500 | - | - | 0.500 |" in report
     referenced = _plots_of(report)
-    assert len(referenced) == len(EXPERIMENTS) + 1 == len(plots)
+    assert len(referenced) == len(EXPERIMENTS) + 2 == len(plots)
     for name in referenced:
         assert name.startswith(f"{PLOTS_DIR}/") and (results / name).read_bytes().startswith(PNG_MAGIC)
     assert any(line.startswith("Machine: ") and " cores " in line for line in report.splitlines())
@@ -100,6 +109,7 @@ def test_experiments_without_files_say_not_run_yet(tmp_path):
     for letter in EXPERIMENTS:
         assert f"_Not run yet: `kvtier bench latency --experiments {letter}`._" in report
     assert "_Not run yet: `kvtier bench accuracy`._" in report and _plots_of(report) == []
+    assert "_Not run yet: `kvtier bench ruler`._" in report
 
 
 def test_ablation_rows_follow_the_paper_and_beta_names_minimum_and_app(tmp_path):
