@@ -149,3 +149,39 @@ def test_a_request_aborted_while_set_aside_leaves_no_file(llm, tmp_path):
         while engine.has_unfinished():
             engine.step()
         assert kv_files(tmp_path) == []
+
+
+def _damage(path: Path) -> None:
+    """Flip one byte in every page of `path`."""
+    with open(path, "r+b") as file:
+        for offset in range(0, path.stat().st_size, 4096):
+            file.seek(offset)
+            byte = file.read(1)
+            file.seek(offset)
+            file.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("on_corrupt", ["recompute", "fail"])
+def test_a_stored_document_found_damaged_while_decoding_costs_only_its_own_request(llm, tmp_path, on_corrupt):
+    store = DocumentStore(tmp_path / "store", on_corrupt=on_corrupt)
+    storage = tmp_path / "kv"
+    storage.mkdir()
+    kv = KVConfig(kv="sparse", alpha=1.0, storage_dir=str(storage))  # every cold token is read every step
+    question, sampling = DOCUMENT + "\nWho keeps the logbook?", SamplingParams(max_new_tokens=6)
+    with LLMEngine.from_llm(llm, engine_config(tmp_path), SparseTiers(llm, kv, store)) as engine:
+        [first] = engine.generate([question], sampling)  # prefills and stores the document, its sparse image too
+        [short_alone] = engine.generate([SHORT], sampling)
+    [entry] = store.entries()
+    [image] = entry.path.glob("sparse-*/cold.kv")
+    _damage(image)  # the image's pages are read (and checked) only when a decode step fetches their tokens
+    with LLMEngine.from_llm(llm, engine_config(tmp_path), SparseTiers(llm, kv, store)) as engine:
+        tiered, short = engine.generate([question, SHORT], sampling)
+        assert engine.scheduler.stats.checksum_failures == 1
+    assert short.token_ids == short_alone.token_ids and not short.warnings  # its batch mate is untouched
+    if on_corrupt == "recompute":
+        assert "tiered KV unreadable, recomputed" in tiered.warnings[0] and tiered.recomputes == 1
+        assert tiered.token_ids == first.token_ids  # prefilled afresh: the same answer
+        assert entry.path not in [stored.path for stored in store.entries()]  # the damaged entry is gone
+    else:
+        assert tiered.finish_reason == "error" and "checksum" in tiered.warnings[0]
+        assert [stored.path for stored in store.entries()] == [entry.path]  # kept, as `fail` says

@@ -20,7 +20,7 @@ from kvtier.docstore.entry import CorruptEntry, EntryWriter
 from kvtier.docstore.recovery import store_placed
 from kvtier.docstore.reuse import PromptReuse
 from kvtier.engine.paged_attention import causal_mask
-from kvtier.errors import ConfigError, DamagedEntryError
+from kvtier.errors import ConfigError, DamagedEntryError, StorageError
 from kvtier.kv.contract import tier_bytes
 from kvtier.kv.model_geometry import model_geometry
 from kvtier.modes import KVConfig, make_cache
@@ -104,6 +104,7 @@ class SparseSequence:
         self._reused = 0
         self._set_asides = 0
         self._set_aside_bytes = 0
+        self._failure: StorageError | None = None
         self._closed = False
 
     def load(self, reuse: PromptReuse | None) -> int:
@@ -123,12 +124,30 @@ class SparseSequence:
 
     def attend(self, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
                sliding_window: int | None) -> torch.Tensor:
+        if self._failure is None:
+            try:
+                return self._attend(module, query, key, value, scaling, sliding_window)
+            except StorageError as error:  # a page of its cold pool or stored image failed its checksum, a read failed
+                self._failure = error
+        return torch.zeros_like(query)  # the forward goes on for the others; this sequence's rows are dropped
+
+    def _attend(self, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
+                sliding_window: int | None) -> torch.Tensor:
         keys, values = self.cache.update(key, value, module.layer_idx)
         mask = causal_mask(query.shape[2], keys.shape[2], sliding_window, query.device)  # keys: the layer's last ones
         mask = None if mask is None else mask[None, None]  # [1, 1, q, k], as transformers' attention takes it
         output, _ = self._tiers._attention(module, query, keys, values, mask, scaling=scaling,
                                            sliding_window=sliding_window, dropout=0.0)
         return output.transpose(1, 2)
+
+    def failure(self) -> StorageError | None:
+        return self._failure
+
+    def forget_damaged(self) -> None:
+        """After `failure`: drop the stored document this sequence read, as the store's `on_corrupt` says (`fail`
+        raises the error), so its recompute prefills the prompt rather than read the damaged entry again."""
+        if self._reuse is not None and self._reuse.match is not None:
+            self._reuse.forget_damaged(self._failure)
 
     def locate(self, row: int) -> None:
         self.cache.locate(row)

@@ -146,6 +146,29 @@ class Scheduler:
         self._release(seq)
         seq.status = Status.FINISHED
 
+    def drop_lost(self, chunks: list[ScheduledChunk]) -> list[Sequence]:
+        """After a forward: the tiered sequences among `chunks` whose KV failed a read in it (SequenceKV.failure),
+        taken out of the batch: recomputed from the prompt, or, when their stored document must not be recomputed
+        over (`on_corrupt` fail), ended with the error (status FINISHED). Their rows of the forward are dropped."""
+        lost = []
+        for seq in (chunk.seq for chunk in chunks):
+            error = seq.kv.failure() if seq.kv is not None else None
+            if error is None:
+                continue
+            lost.append(seq)
+            self.running.remove(seq)
+            self.stats.checksum_failures += isinstance(error, ChecksumError)
+            try:
+                seq.kv.forget_damaged()
+            except KvtierError as failed:
+                self._release(seq)
+                seq.warnings.append(str(failed))
+                seq.status = Status.FINISHED
+                continue
+            self._release(seq)
+            self._recompute(seq, f"tiered KV unreadable, recomputed: {error}")
+        return lost
+
     def tiered_running(self) -> list[Sequence]:
         return [seq for seq in self.running if seq.kv is not None]
 

@@ -37,10 +37,10 @@ from kvtier.engine.dram_swap import DramSwap
 from kvtier.engine.flash_swap import FlashSwap
 from kvtier.engine.gds_swap import GdsFlashSwap
 from kvtier.engine.kv_pool import KVPool
-from kvtier.engine.model_runner import ModelRunner
+from kvtier.engine.model_runner import ModelRunner, ScheduledChunk
 from kvtier.engine.sampler import Sampler
 from kvtier.engine.scheduler import Scheduler
-from kvtier.engine.sequence import SamplingParams, Sequence
+from kvtier.engine.sequence import SamplingParams, Sequence, Status
 from kvtier.engine.swap import SwapBackend
 from kvtier.engine.tiered import TierBudgets, TierProvider, Tiers
 from kvtier.storage import BlockLayout, KVGeometry
@@ -149,12 +149,13 @@ class LLMEngine:
         logits = self.runner.run(chunks)
         tokens = self.sampler.choose(logits, [(seq.request_id, seq.sampling) for seq in completing])
         self.forward_tokens += sum(chunk.num_tokens for chunk in chunks)
-        for chunk in chunks:
+        lost = {id(seq) for seq in self._drop_lost(chunks, events)}
+        for chunk in (chunk for chunk in chunks if id(chunk.seq) not in lost):
             prompt_done = chunk.seq.kv is not None and chunk.completes and not chunk.seq.output_ids
             chunk.seq.num_computed += chunk.num_tokens
             if prompt_done:
                 chunk.seq.kv.prompt_done()  # tiers the prompt before its first decode step
-        for seq, token in zip(completing, tokens):
+        for seq, token in ((seq, token) for seq, token in zip(completing, tokens) if id(seq) not in lost):
             seq.output_ids.append(token)
             reason = self._finish_reason(seq)
             output = None
@@ -229,8 +230,16 @@ class LLMEngine:
             raise ConfigError("empty prompt: give at least one token")
         return ids
 
+    def _drop_lost(self, chunks: list[ScheduledChunk], events: list[TokenEvent]) -> list[Sequence]:
+        """Take out the tiered sequences whose KV failed a read in this forward (their rows are meaningless): each is
+        recomputed, or ends with the error (reported in `events`)."""
+        lost = self.scheduler.drop_lost(chunks)
+        events += [self._failed(seq) for seq in lost if seq.status is Status.FINISHED]
+        return lost
+
     def _failed(self, seq: Sequence) -> TokenEvent:
-        """A request that could not start (its KV could not be opened): it ends now, its error in `warnings`."""
+        """A request that could not start or go on (its KV could not be opened or read): it ends now, its error in
+        `warnings`."""
         seq.finish_reason = "error"
         return TokenEvent(seq.request_id, None, self._end(seq.request_id))
 

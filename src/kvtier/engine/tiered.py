@@ -20,6 +20,8 @@ from typing import Protocol
 
 import torch
 
+from kvtier.errors import StorageError
+
 
 class SequenceKV(Protocol):
     """One tiered sequence's KV (batch 1), as the engine drives it."""
@@ -28,6 +30,14 @@ class SequenceKV(Protocol):
                scaling: float | None, sliding_window: int | None) -> torch.Tensor:
         """Store the step's new K/V [1, Hkv, q, D] of layer `module.layer_idx` and attend the queries [1, Hq, q, D]
         (the sequence's next q tokens) over the sequence's KV; returns [1, Hq, q, D]."""
+
+    def failure(self) -> StorageError | None:
+        """The error of a read that failed in the last forward (a checksum, an I/O error), else None. The sequence's
+        rows of that forward are meaningless; the engine recomputes it (after `forget_damaged`) or ends it."""
+
+    def forget_damaged(self) -> None:
+        """After `failure`: drop the stored data the KV was read from, so a recompute does not read it again. Raises
+        the failure when the store is set to fail on damaged entries."""
 
     def locate(self, row: int) -> None:
         """The sequence's last token sits at `row` of the next forward's packed tokens."""
