@@ -54,6 +54,16 @@ class KVPool:
         """uint8 [num_blocks, block_stride] view of one (layer, K|V) pool: row b is block b and its padding."""
         return _as_tensor(self._raw[layer][kind]).view(self.num_blocks, self.layout.block_stride)
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy block `source` over block `destination`, every layer's K and V, for each pair (copy-on-write)."""
+        if not copies:
+            return
+        sources, destinations = (torch.tensor(side, dtype=torch.long, device=self.device) for side in zip(*copies))
+        for layer in range(self.geometry.num_layers):
+            for kind in range(2):
+                rows = self.block_rows(layer, kind)
+                rows[destinations] = rows[sources]
+
     def _backing(self) -> np.ndarray | torch.Tensor:
         nbytes = self.num_blocks * self.layout.block_stride
         if self.device.type == "cpu":

@@ -3,7 +3,9 @@
 The scheduler decides *which* tokens run; this module turns that into one
 forward: input ids and positions packed as [1, N], each token's pool slot
 (block, offset) from its sequence's block table, and logits only for the
-sequences whose pending tokens all ran this step (they sample their next token).
+sequences whose pending tokens all ran this step (they sample their next token), plus,
+for a sequence that asked for its prompt's log-probabilities, the rows of its prompt tokens
+not scored yet (each row's logits score the prompt's next token).
 A tiered sequence's tokens get no pool slot: its own KV stores them (tiered.py).
 """
 
@@ -16,6 +18,15 @@ import torch
 from kvtier.engine.kv_pool import KVPool
 from kvtier.engine.paged_attention import PagedBatch, Segment, register
 from kvtier.engine.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class StepLogits:
+    """A forward's kept logits: `sample` [n, vocab], one row per completing chunk in order; `prompt`, per chunk
+    whose sequence wants prompt log-probabilities, (its sequence, the first prompt position scored, [rows, vocab])."""
+
+    sample: torch.Tensor
+    prompt: list[tuple[Sequence, int, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -45,9 +56,10 @@ class ModelRunner:
         self.model.set_attn_implementation(self._previous_attention)
 
     @torch.inference_mode()
-    def run(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        """Forward the chunks; return the last-position logits [n, vocab] of the n completing chunks, in order."""
+    def run(self, chunks: list[ScheduledChunk]) -> StepLogits:
+        """Forward the chunks; return the last-position logits of the completing chunks, and the prompt rows asked."""
         ids, positions, blocks, offsets, segments, sample_rows, paged_rows = [], [], [], [], [], [], []
+        prompt_spans: list[tuple[Sequence, int, int, int]] = []  # (seq, first position, first row, rows)
         start = 0
         block_tokens = self.pool.block_tokens
         for chunk in chunks:
@@ -65,14 +77,31 @@ class ModelRunner:
                 covered = -(-span.stop // block_tokens)
                 table = torch.tensor(seq.block_table[:covered], dtype=torch.long, device=self.device)
                 segments.append(Segment(start, chunk.num_tokens, first, table))
+            scored = _unscored_prompt(seq, span)
+            if scored:
+                prompt_spans.append((seq, scored.start, start + scored.start - first, len(scored)))
             start += chunk.num_tokens
             if chunk.completes:
                 sample_rows.append(start - 1)
         rows = None if len(paged_rows) == start else self._long(paged_rows)
         batch = PagedBatch(self.pool, self._long(blocks), self._long(offsets), tuple(segments), rows)
+        extra = [row for _, _, first_row, count in prompt_spans for row in range(first_row, first_row + count)]
         logits = self.model(input_ids=self._long(ids)[None], position_ids=self._long(positions)[None],
-                            use_cache=False, paged_batch=batch, logits_to_keep=self._long(sample_rows)).logits
-        return logits[0]
+                            use_cache=False, paged_batch=batch,
+                            logits_to_keep=self._long(sample_rows + extra)).logits[0]
+        prompt, kept = [], len(sample_rows)
+        for seq, position, _, count in prompt_spans:
+            prompt.append((seq, position, logits[kept:kept + count]))
+            kept += count
+        return StepLogits(logits[:len(sample_rows)], prompt)
 
     def _long(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+def _unscored_prompt(seq: Sequence, span: range) -> range:
+    """Positions of `span` whose logits score a prompt token `seq` wants a log-probability for and has none yet
+    (position p scores token p + 1; a recomputed prompt is not scored twice)."""
+    if seq.sampling.prompt_logprobs is None:
+        return range(0)
+    return range(max(span.start, len(seq.prompt_logprobs)), min(span.stop, len(seq.prompt_ids) - 1))

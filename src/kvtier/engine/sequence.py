@@ -27,10 +27,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvtier.errors import ConfigError
+from kvtier.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from kvtier.engine.logprobs import TokenLogprobs
     from kvtier.engine.tiered import SequenceKV
+
+__all__ = ["SamplingParams", "Sequence", "Status"]  # SamplingParams lives in sampling_params.py; callers find it here
 
 
 class Status(enum.Enum):
@@ -39,36 +42,6 @@ class Status(enum.Enum):
     SWAPPING_OUT = "swapping_out"
     SWAPPED = "swapped"
     FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Decoding limits and sampling. Higher `priority` is preempted later (ties: least recently run first).
-
-    `temperature` 0 is greedy (argmax); above 0 the next token is drawn from the softmax of the
-    logits over `temperature`, restricted to the smallest set of tokens whose probability reaches
-    `top_p`, with a per-request generator seeded by `seed` (random when None).
-    """
-
-    max_new_tokens: int = 64
-    priority: int = 0
-    ignore_eos: bool = False
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature must be at least 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
 
 
 @dataclass
@@ -91,6 +64,15 @@ class Sequence:
     kv: SequenceKV | None = None  # a running tiered sequence's KV; its block table is then its device reservation
     arrived_s: float = 0.0  # perf_counter at `add_request`
     started_s: float | None = None  # perf_counter after its first forward
+    group: int = -1  # the request it is a choice of (its caller's id); -1: its own `request_id`
+    index: int = 0  # which choice of that request
+    forks: int = 0  # choices still to fork from it once its prompt is computed (they share its prompt's blocks)
+    cumulative_logprob: float = 0.0  # of its generated tokens, when its sampling wants them
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # the prompt's tokens after the first, when asked
+
+    def __post_init__(self) -> None:
+        if self.group < 0:
+            self.group = self.request_id
 
     @property
     def token_ids(self) -> list[int]:

@@ -8,10 +8,12 @@ backend chosen by `EngineConfig.swap`:
     dram       baseline: swap to a host-DRAM pool of the same slot count (vLLM swap space)
     recompute  baseline: drop a victim's KV and recompute it when resumed
 
-Decoding is greedy unless a request's `SamplingParams` set a temperature
-(sampler.py). `step_events` reports every token as it is generated (a server
-streams them); `abort` ends a request early and frees its device blocks and swap
-slots. A request whose swapped KV fails its checksum is recomputed
+Decoding is greedy unless a request's `SamplingParams` set a temperature; every
+step's tokens are chosen by one batched sampler (sampler.py: vLLM's sampling
+parameters, log-probabilities, grammars). A request for several choices forks them
+from one sequence once its prompt is computed (choices.py). `step_events` reports
+every token as it is generated (a server streams them); `abort` ends a request early
+and frees its device blocks and swap slots. A request whose swapped KV fails its checksum is recomputed
 from its tokens (the output is unchanged) and the error is kept in its
 `warnings`, so a damaged flash file costs time, never a wrong answer.
 """
@@ -21,7 +23,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,16 @@ from kvtier.errors import ConfigError
 from kvtier.kv.model_geometry import model_geometry
 from kvtier.models.prompts import prompt_ids
 from kvtier.paths import cache_dir
-from kvtier.engine.block_manager import BlockManager
+from kvtier.engine.block_manager import BlockManager, blocks_for
 from kvtier.engine.config import EngineConfig
 from kvtier.engine.dram_swap import DramSwap
 from kvtier.engine.flash_swap import FlashSwap
 from kvtier.engine.gds_swap import GdsFlashSwap
 from kvtier.engine.kv_pool import KVPool
-from kvtier.engine.model_runner import ModelRunner, ScheduledChunk
+from kvtier.engine.choices import Choices
+from kvtier.engine.logprobs import TokenLogprobs, raw_logprobs, token_logprobs
+from kvtier.engine.model_runner import ModelRunner, ScheduledChunk, StepLogits
+from kvtier.engine.outputs import RequestOutput, TokenEvent
 from kvtier.engine.sampler import Sampler
 from kvtier.engine.scheduler import Scheduler
 from kvtier.engine.sequence import SamplingParams, Sequence, Status
@@ -47,37 +51,8 @@ from kvtier.storage import BlockLayout, KVGeometry
 from kvtier.units import format_size, parse_size
 
 
-@dataclass(frozen=True)
-class TokenEvent:
-    """One token generated for a request in a step; `output` is set when that token finished it."""
-
-    request_id: int
-    token_id: int | None  # None: the request ended without a new token (it could not start: `output` says why)
-    output: RequestOutput | None = None
-    queue_s: float | None = None  # with a request's first token: its wait from `add_request` to its first forward
-
-
-@dataclass
-class RequestOutput:
-    """A finished request: its tokens (and text when the engine has a tokenizer) and what happened to it."""
-
-    request_id: int
-    prompt_tokens: int
-    token_ids: list[int]
-    finish_reason: str
-    text: str | None = None
-    swap_outs: int = 0
-    recomputes: int = 0
-    warnings: list[str] = field(default_factory=list)
-    tiered: bool = False  # its KV lived in tiers of its own (tiered.py)
-    queue_s: float | None = None  # from `add_request` to the first forward that ran it (None: never ran)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 class LLMEngine:
-    """Continuous-batching greedy generation over a paged KV pool with a swap backend."""
+    """Continuous-batching generation over a paged KV pool with a swap backend."""
 
     def __init__(self, model: torch.nn.Module, config: EngineConfig | None = None,
                  encode: Callable[[str], list[int]] | None = None, decode: Callable[[list[int]], str] | None = None,
@@ -102,9 +77,9 @@ class LLMEngine:
             if self.swap is not None:
                 self.swap.close()
             raise
-        self.sampler = Sampler()
+        self.sampler = Sampler(tuple(self.eos_token_ids))
+        self.choices = Choices(self.scheduler, self.block_manager)
         self._sequences: dict[int, Sequence] = {}
-        self._next_id = 0
         self.forward_tokens = 0
 
     @classmethod
@@ -120,12 +95,17 @@ class LLMEngine:
     # ----- requests -----
 
     def add_request(self, prompt: str | list[int], sampling: SamplingParams | None = None) -> int:
-        """Queue a prompt (text needs an engine with a tokenizer, or pass token ids); return its request id."""
+        """Queue a prompt (text needs an engine with a tokenizer, or pass token ids); return its request id.
+
+        Its `sampling.n` (or `best_of`) choices are reported under that id with their `index`."""
         ids = self._prompt_ids(prompt)
-        seq = Sequence(self._next_id, ids, sampling or SamplingParams(), arrived_s=time.perf_counter())
-        self.scheduler.add(seq)
-        self._sequences[seq.request_id] = seq
-        self._next_id += 1
+        sampling = sampling or SamplingParams()
+        if sampling.prompt_logprobs is not None and self.tiers is not None and self._tiered(len(ids) + sampling.max_new_tokens):
+            raise ConfigError("prompt log-probabilities need the paged path, and this prompt is tiered "
+                              "(a stored document's prefix is never run through the model)")
+        seq = Sequence(self.choices.new_id(), ids, sampling, arrived_s=time.perf_counter())
+        for queued in self.choices.add(seq):
+            self._sequences[queued.request_id] = queued
         return seq.request_id
 
     def has_unfinished(self) -> bool:
@@ -141,55 +121,56 @@ class LLMEngine:
         events = [self._failed(seq) for seq in self.scheduler.failed]
         if not chunks:
             return events
-        completing = [chunk.seq for chunk in chunks if chunk.completes]
+        self.pool.copy_blocks(self.block_manager.take_copies())  # copy-on-write of blocks shared by choices
         started = time.perf_counter()
         for chunk in chunks:
             if chunk.seq.started_s is None:
                 chunk.seq.started_s = started
+        completing = [chunk.seq for chunk in chunks if chunk.completes]
         logits = self.runner.run(chunks)
-        tokens = self.sampler.choose(logits, [(seq.request_id, seq.sampling) for seq in completing])
         self.forward_tokens += sum(chunk.num_tokens for chunk in chunks)
         lost = {id(seq) for seq in self._drop_lost(chunks, events)}
-        for chunk in (chunk for chunk in chunks if id(chunk.seq) not in lost):
-            prompt_done = chunk.seq.kv is not None and chunk.completes and not chunk.seq.output_ids
-            chunk.seq.num_computed += chunk.num_tokens
-            if prompt_done:
-                chunk.seq.kv.prompt_done()  # tiers the prompt before its first decode step
-        for seq, token in ((seq, token) for seq, token in zip(completing, tokens) if id(seq) not in lost):
-            seq.output_ids.append(token)
-            reason = self._finish_reason(seq)
-            output = None
-            if reason:
-                seq.finish_reason = reason
-                self.scheduler.finish(seq)
-                output = self._end(seq.request_id)
-            queue_s = seq.started_s - seq.arrived_s if len(seq.output_ids) == 1 else None
-            events.append(TokenEvent(seq.request_id, token, output, queue_s))
+        self._computed([chunk for chunk in chunks if id(chunk.seq) not in lost])
+        self._score_prompts(logits)
+        rows, completing = self._with_forks(completing)
+        sampled = self.sampler.choose(logits.sample[rows] if len(rows) > len(logits.sample) else logits.sample, completing)
+        for seq, token, logprobs in zip(completing, sampled.tokens, sampled.logprobs):
+            if id(seq) not in lost:
+                events.append(self._append(seq, token, logprobs))
         return events
 
-    def abort(self, request_id: int) -> RequestOutput | None:
-        """End an unfinished request now (finish reason "abort"), freeing its blocks and swap slots.
+    def _drop_lost(self, chunks: list[ScheduledChunk], events: list[TokenEvent]) -> list[Sequence]:
+        """Take out the tiered sequences whose KV failed a read in this forward (their rows are meaningless): each is
+        recomputed, or ends with the error (reported in `events`)."""
+        lost = self.scheduler.drop_lost(chunks)
+        events += [self._failed(seq) for seq in lost if seq.status is Status.FINISHED]
+        return lost
 
-        Returns its output so far, or None when it already finished (or never existed).
-        """
-        seq = self._sequences.get(request_id)
-        if seq is None:
-            return None
-        self.scheduler.abort(seq)
-        seq.finish_reason = "abort"
-        return self._end(request_id)
+    def abort(self, request_id: int, index: int | None = None) -> RequestOutput | None:
+        """End an unfinished request now, every choice of it or choice `index` (finish reason "abort"), freeing their
+        blocks and swap slots. Returns the output so far of the first choice ended, or None when none was unfinished
+        (or the request never existed)."""
+        outputs = []
+        for seq in self.choices.members(request_id):
+            if index is not None and seq.index != index:
+                continue
+            self.scheduler.abort(seq)
+            seq.finish_reason = "abort"
+            outputs.append(self._end(seq))
+        return outputs[0] if outputs else None
 
     def generate(self, prompts: Iterable[str | list[int]], sampling: SamplingParams | None = None,
                  progress: Callable[[RequestOutput], None] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs in prompt order."""
+        """Run every prompt to completion; outputs in prompt order, each prompt's choices in index order."""
         ids = [self.add_request(prompt, sampling) for prompt in prompts]
-        done: dict[int, RequestOutput] = {}
+        done: dict[tuple[int, int], RequestOutput] = {}
         while self.has_unfinished():
             for output in self.step():
-                done[output.request_id] = output
+                done[output.request_id, output.index] = output
                 if progress is not None:
                     progress(output)
-        return [done[request_id] for request_id in ids]
+        order = {request_id: position for position, request_id in enumerate(ids)}
+        return [done[key] for key in sorted(done, key=lambda key: (order[key[0]], key[1]))]
 
     def stats(self) -> dict[str, Any]:
         """Scheduler counters, swap traffic and allocator statistics so far."""
@@ -230,35 +211,85 @@ class LLMEngine:
             raise ConfigError("empty prompt: give at least one token")
         return ids
 
-    def _drop_lost(self, chunks: list[ScheduledChunk], events: list[TokenEvent]) -> list[Sequence]:
-        """Take out the tiered sequences whose KV failed a read in this forward (their rows are meaningless): each is
-        recomputed, or ends with the error (reported in `events`)."""
-        lost = self.scheduler.drop_lost(chunks)
-        events += [self._failed(seq) for seq in lost if seq.status is Status.FINISHED]
-        return lost
-
     def _failed(self, seq: Sequence) -> TokenEvent:
-        """A request that could not start or go on (its KV could not be opened or read): it ends now, its error in
+        """A sequence that could not start or go on (its KV could not be opened or read): it ends now, its error in
         `warnings`."""
         seq.finish_reason = "error"
-        return TokenEvent(seq.request_id, None, self._end(seq.request_id))
+        output = self._end(seq)
+        return TokenEvent(seq.group, None, output, index=seq.index, done=not self.choices.members(seq.group))
 
-    def _end(self, request_id: int) -> RequestOutput:
-        self.sampler.forget(request_id)
-        return self._output(self._sequences.pop(request_id))
+    def _tiered(self, max_tokens: int) -> bool:
+        """Whether a sequence of up to `max_tokens` tokens is tiered (as Scheduler.add decides)."""
+        return blocks_for(max_tokens, self.block_manager.block_tokens) > self.block_manager.num_blocks
+
+    def _computed(self, chunks: list[ScheduledChunk]) -> None:
+        """The forward ran `chunks`: their tokens' KV is in; a tiered prompt now complete is tiered."""
+        for chunk in chunks:
+            prompt_done = chunk.seq.kv is not None and chunk.completes and not chunk.seq.output_ids
+            chunk.seq.num_computed += chunk.num_tokens
+            if prompt_done:
+                chunk.seq.kv.prompt_done()  # tiers the prompt before its first decode step
+
+    def _score_prompts(self, logits: StepLogits) -> None:
+        """Each prompt row's log-probability of the prompt's next token, for the sequences that asked."""
+        for seq, position, rows in logits.prompt:
+            targets = seq.prompt_ids[position + 1:position + 1 + len(rows)]
+            seq.prompt_logprobs += token_logprobs(raw_logprobs(rows), targets,
+                                                  [seq.sampling.prompt_logprobs] * len(targets))
+
+    def _with_forks(self, completing: list[Sequence]) -> tuple[list[int], list[Sequence]]:
+        """The step's sampled sequences with the choices forked now, and each one's logits row (a child samples its
+        parent's)."""
+        rows, seqs = list(range(len(completing))), list(completing)
+        for row, seq in enumerate(completing):
+            if seq.forks:
+                for child in self.choices.fork(seq):
+                    self._sequences[child.request_id] = child
+                    rows.append(row)
+                    seqs.append(child)
+        return rows, seqs
+
+    def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> TokenEvent:
+        """`token` is `seq`'s next: append it, end the sequence if it finished it, and report it."""
+        seq.output_ids.append(token)
+        if logprobs is not None:
+            seq.cumulative_logprob += logprobs.logprob
+        first = len(seq.output_ids) == 1
+        reason = self._finish_reason(seq)
+        output = None
+        if reason:
+            seq.finish_reason = reason
+            self.scheduler.finish(seq)
+            output = self._end(seq)
+        return TokenEvent(seq.group, token, output, seq.started_s - seq.arrived_s if first else None, seq.index,
+                          logprobs, seq.prompt_logprobs if first and seq.sampling.prompt_logprobs is not None else None,
+                          output is not None and not self.choices.members(seq.group))
+
+    def _end(self, seq: Sequence) -> RequestOutput:
+        self.sampler.forget(seq.request_id)
+        self.choices.end(seq)
+        del self._sequences[seq.request_id]
+        return self._output(seq)
 
     def _finish_reason(self, seq: Sequence) -> str | None:
-        if not seq.sampling.ignore_eos and seq.output_ids[-1] in self.eos_token_ids:
+        token, sampling = seq.output_ids[-1], seq.sampling
+        if (not sampling.ignore_eos and token in self.eos_token_ids) or token in sampling.stop_token_ids:
             return "stop"
-        if len(seq.output_ids) >= seq.sampling.max_new_tokens:
+        grammar_end = self.sampler.grammar_end(seq) if sampling.grammar is not None else None
+        if grammar_end == "error":
+            seq.warnings.append("its grammar allows no token here: the output cannot continue")
+        if grammar_end:
+            return grammar_end
+        if len(seq.output_ids) >= sampling.max_new_tokens:
             return "length"
         return None
 
     def _output(self, seq: Sequence) -> RequestOutput:
         text = self._decode(seq.output_ids) if self._decode is not None else None
         queue_s = None if seq.started_s is None else seq.started_s - seq.arrived_s
-        return RequestOutput(seq.request_id, len(seq.prompt_ids), list(seq.output_ids), seq.finish_reason or "",
-                             text, seq.swap_outs, seq.recomputes, list(seq.warnings), seq.tiered, queue_s)
+        return RequestOutput(seq.group, len(seq.prompt_ids), list(seq.output_ids), seq.finish_reason or "",
+                             text, seq.swap_outs, seq.recomputes, list(seq.warnings), seq.tiered, queue_s, seq.index,
+                             seq.cumulative_logprob if seq.sampling.wants_logprob else None)
 
     def _device_blocks(self, geometry: KVGeometry) -> int:
         if self.config.device_blocks is not None:
