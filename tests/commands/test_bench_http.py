@@ -72,3 +72,25 @@ def test_the_documents_workload_runs_four_servers_and_short_requests_beside_tier
     assert mixed["tiered"] == 2 and mixed["short_requests"] == 8  # both long questions ran as tiered sequences
     assert mixed["idle_ttft_p50_s"] > 0 and mixed["busy_ttft_p50_s"] > 0
     assert "Mixed traffic" in (out / "http-documents.md").read_text()
+
+
+def test_sampling_fields_compare_plain_and_processed_sampling_in_one_run(tiny_model_dir, tmp_path):
+    fields = '{"repetition_penalty": 1.1, "top_k": 5, "min_p": 0.05}'
+    out = bench_http(tiny_model_dir, tmp_path, "--clients", "1,3", "--repeats", "2", "--new-tokens", "6",
+                     "--min-requests", "3", "--device-blocks", "8", "--sampling-fields", fields)
+    result = json.loads((out / "http-sampling.json").read_text())
+    plain, processed = "temperature 1", "temperature 1 + repetition_penalty, top_k, min_p"
+    assert result["request_fields"] == {plain: {"temperature": 1.0},
+                                        processed: {"temperature": 1.0} | json.loads(fields)}
+    assert {setup["swap"] for setup in result["setups"].values()} == {"flash"}
+    assert {(cell["setup"], cell["clients"]) for cell in result["cells"]} == {
+        (name, clients) for name in (plain, processed) for clients in (1, 3)}
+    assert f"## {processed} / {plain}" in (out / "http-sampling.md").read_text()
+    assert result["command"].endswith(f"--sampling-fields '{fields}'")
+
+
+def test_sampling_fields_are_checked_before_the_model_loads(tmp_path, capsys):
+    for fields, problem in (('{"top_k": -5}', "top_k"), ("{nope", "not JSON"), ('{"colour": 1}', "only sampling")):
+        assert main(["bench", "http", "--model", "no-such-model", "--sampling-fields", fields,
+                     "--out", str(tmp_path)]) == 2
+        assert problem in capsys.readouterr().err

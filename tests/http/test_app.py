@@ -237,6 +237,27 @@ def test_ignore_eos_generates_max_tokens_on_both_paths(client, server, path, fil
     assert forced.choices[0].message.content.startswith(free.choices[0].message.content)  # then past the end
 
 
+def test_sampling_fields_choices_and_logprobs_work_on_the_tiered_path(client, server, raw):
+    content = "Paris is the capital of France. " * 60 + "\n" + PARIS  # ~460 tokens, beyond the pool
+
+    def ask(**fields):
+        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                              max_tokens=6, **fields)
+
+    before = scrape(server[0].url, KEY)
+    greedy = ask(temperature=0)
+    assert ask(temperature=1.5, seed=3, extra_body={"top_k": 1}).choices[0].message.content \
+        == greedy.choices[0].message.content
+    pair = ask(temperature=1.0, seed=7, n=2, logprobs=True, top_logprobs=1)
+    singles = [ask(temperature=1.0, seed=seed).choices[0].message.content for seed in (7, 8)]
+    assert [choice.message.content for choice in pair.choices] == singles
+    assert all(len(choice.logprobs.content) == 6 for choice in pair.choices)
+    assert moved(before, scrape(server[0].url, KEY), "kvtier:requests_total", path="tiered") == 5
+    echoed = raw.post("/v1/completions", json={"model": MODEL, "prompt": content, "max_tokens": 2, "echo": True,
+                                               "logprobs": 1})
+    assert echoed.status_code == 400 and echoed.json()["error"]["param"] == "echo"
+
+
 def test_a_client_that_gives_up_on_a_whole_answer_has_its_request_aborted(raw, server):
     before = scrape(server[0].url, KEY)
     body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 300, "temperature": 0,
@@ -279,8 +300,9 @@ BAD_REQUESTS = [
     ({"model": MODEL, "prompt": "hi", "max_tokens": 10 ** 6}, 400, "max_tokens", "context_length_exceeded"),
     ({"model": MODEL, "prompt": "hi " * 9000, "max_tokens": 1}, 400, "prompt", "context_length_exceeded"),
     ({"model": MODEL, "prompt": "hi", "temperature": -1}, 400, "temperature", "invalid_value"),
-    ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n", "unsupported_parameter"),
-    ({"model": MODEL, "prompt": "hi", "logprobs": 2}, 400, "logprobs", "unsupported_parameter"),
+    ({"model": MODEL, "prompt": "hi", "n": 0}, 400, "n", "invalid_value"),
+    ({"model": MODEL, "prompt": "hi", "suffix": "!"}, 400, "suffix", "unsupported_parameter"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 99}, 400, "logprobs", "invalid_value"),
     ({"model": MODEL, "prompt": "hi", "tools": []}, 400, "tools", "unsupported_parameter"),
     ({"model": MODEL, "prompt": ""}, 400, "prompt", "invalid_value"),
     ({"model": MODEL, "prompt": [1, 10 ** 9]}, 400, "prompt", "invalid_value"),

@@ -33,7 +33,7 @@ def submit_all(loop: EngineLoop, prompts) -> list[TokenStream]:
 async def drain(stream: TokenStream) -> tuple[list[int], Finished]:
     tokens = []
     while not isinstance(item := await stream.get(), Finished):
-        tokens.append(item)
+        tokens.append(item.token_id)
     return tokens, item
 
 
@@ -76,7 +76,7 @@ def test_an_aborted_stream_ends_with_abort_and_stop_fails_the_rest(model, tmp_pa
         first, (_, aborted), rest = asyncio.run(run())
     finally:
         served.close()
-    assert isinstance(first, int) and aborted == Finished("abort")
+    assert isinstance(first.token_id, int) and aborted == Finished("abort")
     assert all(finished == Finished("abort", "the server is shutting down") for _, finished in rest)
     assert all(len(tokens) < LONG.max_new_tokens for tokens, _ in rest)
     assert loop.snapshot.device_blocks_free == loop.snapshot.device_blocks and loop.snapshot.swap_slots_live == 0

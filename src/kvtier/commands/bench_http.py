@@ -8,6 +8,8 @@ higher client counts swap. Prompts are short generated sentences; every request 
 `--workload random`: 48 prompts of 384 random tokens, 48 new tokens each, 16 clients, the engine's
 default budgets, for each --max-batched-tokens in turn: the tails (p99 / p50) of time to first token and
 inter-token latency (http-random.json and .md). `--workload documents`: see its option group.
+`--sampling-fields`: the short workload sampled at temperature 1 without and with those request fields
+(what sampling on the logits costs; http-sampling.json and .md).
 
 `add_parser` takes the sub-command group of `kvtier bench` (it adds `http` to it).
 """
@@ -38,6 +40,7 @@ PRESETS = {
 }
 RANDOM_PROMPT_TOKENS = 384
 RANDOM_STEP_TOKENS = "512,256"  # the engine's default per-step token budget, and half of it
+SAMPLED_TEMPERATURE = 1.0  # --sampling-fields: the plain sampling they are compared with
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -67,6 +70,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="random: the engine's per-step token budgets compared, comma-separated (default "
                              "%(default)s)")
     parser.add_argument("--swap-space", default="256MiB", help="flash file / DRAM pool size (default %(default)s)")
+    parser.add_argument("--sampling-fields", default=None, metavar="JSON",
+                        help="short workload: instead of flash vs DRAM, compare sampling at temperature 1 without and "
+                             "with these request fields (vLLM's names, e.g. '{\"repetition_penalty\": 1.1, "
+                             "\"top_k\": 50, \"min_p\": 0.05}'), flash swap, in one run (http-sampling.json, .md)")
     add_flash_dir_option(parser)
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
     documents = parser.add_argument_group(
@@ -103,6 +110,8 @@ def random_prompts(tokenizer, count: int, tokens: int, seed: int = 0) -> list[st
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sampling_fields is not None and args.workload != "short":
+        raise ConfigError("--sampling-fields is for the short workload")
     for name, value in PRESETS[args.workload].items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
@@ -111,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     levels = _positive_integers(args.clients, "--clients")
     if min(args.new_tokens, args.repeats, args.requests_per_client) < 1:
         raise ConfigError("--new-tokens, --repeats and --requests-per-client must be positive")
+    sampling = sampling_fields(args.sampling_fields)
     if args.workload == "random":
         return run_random(args, levels)
     check_writable(args.out)
@@ -124,8 +134,40 @@ def run(args: argparse.Namespace) -> int:
     llm = _load(args)
     count = requests_for(max(levels), args.requests_per_client, args.min_requests)
     result = run_http_benchmark(llm, prompts(count), config, levels, args.requests_per_client, args.min_requests,
-                                args.new_tokens, args.repeats, _say)
-    return _write(args, "http", llm, {"command": command_line(args)} | result, render_markdown)
+                                args.new_tokens, args.repeats, _say, *sampled_setups(config, sampling))
+    stem = "http-sampling" if sampling else "http"
+    return _write(args, stem, llm, {"command": command_line(args)} | result, render_markdown)
+
+
+def sampling_fields(text: str | None) -> dict | None:
+    """--sampling-fields as request fields, checked as the server checks them (ConfigError naming the bad one)."""
+    if text is None:
+        return None
+    from kvtier.engine.sampling_params import SamplingParams  # no torch: checked before the model loads
+
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--sampling-fields is not JSON: {error.msg}") from None
+    if not isinstance(fields, dict) or not fields:
+        raise ConfigError("--sampling-fields wants a JSON object of request fields, e.g. '{\"top_k\": 50}'")
+    try:
+        SamplingParams(temperature=SAMPLED_TEMPERATURE, **fields)
+    except TypeError:
+        raise ConfigError(f"--sampling-fields: only sampling fields, got {', '.join(fields)}") from None
+    return fields
+
+
+def sampled_setups(config: EngineConfig, fields: dict | None) -> tuple[dict | None, dict | None]:
+    """The setups and their request fields for run_http_benchmark: temperature-1 sampling without and with `fields`
+    on `config` with flash swap; (None, None) without fields (flash vs DRAM, greedy)."""
+    if not fields:
+        return None, None
+    plain = f"temperature {SAMPLED_TEMPERATURE:g}"
+    names = (plain, f"{plain} + {', '.join(fields)}")
+    flash = replace(config, swap="flash")
+    base = {"temperature": SAMPLED_TEMPERATURE}
+    return {name: flash for name in names}, {names[0]: base, names[1]: base | fields}
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -135,7 +177,8 @@ def command_line(args: argparse.Namespace) -> str:
     return (f"kvtier bench http --workload {args.workload} --model {args.model} --dtype {args.dtype} "
             f"--clients {args.clients} --requests-per-client {args.requests_per_client} "
             f"--min-requests {args.min_requests} --new-tokens {args.new_tokens} --repeats {args.repeats} "
-            f"--block-tokens {args.block_tokens} {pool} --swap-space {args.swap_space}{steps}{_placement(args)}")
+            f"--block-tokens {args.block_tokens} {pool} --swap-space {args.swap_space}{steps}{_placement(args)}"
+            + (f" --sampling-fields '{args.sampling_fields}'" if getattr(args, "sampling_fields", None) else ""))
 
 
 def run_documents(args: argparse.Namespace) -> int:

@@ -3,14 +3,14 @@
 Layers, top to bottom (each module cares about one of them):
 
     app.py           FastAPI routes: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models,
-                     /health, /metrics; Bearer auth (auth.py); OpenAI-style errors (errors.py)
-    schemas.py       request bodies (pydantic): what is accepted, what is refused as unsupported
-    completion.py    one request end to end: prompt ids, a token stream, text with stop strings
-                     (text.py), response bodies and SSE chunks, latency metrics
+                     /health, /metrics; Bearer auth (auth.py); OpenAI-style errors (error_responses.py)
+    schemas.py       request bodies (pydantic): what is accepted, ignored, or refused as unsupported
+    sampling.py      a body -> the engine's SamplingParams (vLLM's fields; response_format compiled)
+    completion.py    one request end to end: its choices (choice.py: text with stop strings, text.py;
+                     log-probabilities), response bodies and SSE chunks (shapes.py, logprobs.py), metrics
     backend.py       which path serves a request, and the context checks
     engine_loop.py   the continuous-batching engine (`kvtier.engine`) stepping on a background thread
-    sparse_path.py   prompts beyond the engine's paged budget: one at a time on the HillInfer sparse path
-    token_stream.py  tokens handed from those threads to asyncio (loop.call_soon_threadsafe)
+    token_stream.py  token events handed from that thread to asyncio (loop.call_soon_threadsafe)
     metrics.py       Prometheus metrics with a `kvtier:` prefix
     runner.py        uvicorn: `kvtier serve` in the foreground, or a server thread (tests, benchmark)
 

@@ -9,10 +9,12 @@ context is refused.
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from kvtier.engine.block_manager import blocks_for
+from kvtier.engine.grammar import GrammarCompiler
 from kvtier.engine.sequence import SamplingParams
 from kvtier.engine.serving_engine import EngineConfig, LLMEngine
 from kvtier.http.engine_loop import EngineLoop
@@ -39,8 +41,11 @@ class Backend:
         self.llm = llm
         self.settings = settings
         self.engine = engine
+        self.vocab_size = llm.model.get_output_embeddings().weight.shape[0]  # the logits' width
+        self.grammars = GrammarCompiler(llm.tokenizer, self.vocab_size, sorted(engine.eos_token_ids))
         self.metrics = ServerMetrics(lambda: self.engine_loop.snapshot)
         self.engine_loop = EngineLoop(engine, self.metrics.queue_time.observe)
+        self.token_text = functools.lru_cache(maxsize=1 << 16)(self._token_text)
 
     # ----- prompts -----
 
@@ -61,6 +66,10 @@ class Backend:
 
     def decode(self, ids: list[int]) -> str:
         return self.llm.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _token_text(self, token_id: int) -> str:
+        """One token as log-probabilities show it: decoded alone, special tokens included."""
+        return self.llm.tokenizer.decode([token_id], skip_special_tokens=False)
 
     # ----- requests -----
 
@@ -91,10 +100,11 @@ class Backend:
         self.metrics.prompt_tokens.inc(len(ids))
         return stream
 
-    def cancel(self, stream: TokenStream) -> None:
-        """Stop generating for `stream` and free what its request holds."""
-        stream.cancel()
-        self.engine_loop.abort(stream)
+    def cancel(self, stream: TokenStream, index: int | None = None) -> None:
+        """Stop generating for `stream` (or only its choice `index`) and free what it holds."""
+        if index is None:
+            stream.cancel()
+        self.engine_loop.abort(stream, index)
 
     def fail_unfinished(self) -> None:
         """The shutdown's grace period is over: fail every unfinished request now (each client gets a 503 error

@@ -1,8 +1,9 @@
 """The continuous-batching engine stepping on a thread of its own, fed by the HTTP handlers.
 
 The engine is not thread-safe, so only this thread touches it: handlers queue
-commands (add a request, abort one, stop) and the thread applies them between
-steps. Each generated token goes to its request's `TokenStream`. When nothing is
+commands (add a request, abort one or one of its choices, stop) and the thread
+applies them between steps. Each generated token's event goes to its request's
+`TokenStream`, and a `Finished` after each choice's last. When nothing is
 running the thread sleeps on the command queue instead of spinning.
 
 After every step, before handing out its tokens, the thread publishes an
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtier.errors import KvtierError
+from kvtier.engine.outputs import TokenEvent
 from kvtier.engine.serving_engine import LLMEngine
 from kvtier.engine.sequence import SamplingParams
 from kvtier.http.token_stream import SHUTTING_DOWN, Finished, TokenStream, deliver
@@ -97,9 +99,10 @@ class EngineLoop:
     def submit(self, prompt_ids: list[int], sampling: SamplingParams, stream: TokenStream) -> None:
         self._commands.put(("add", prompt_ids, sampling, stream))
 
-    def abort(self, stream: TokenStream) -> None:
-        """End the stream's request (its tokens stop, its blocks are freed); safe to call more than once."""
-        self._commands.put(("abort", stream))
+    def abort(self, stream: TokenStream, index: int | None = None) -> None:
+        """End the stream's request, or its choice `index` (its tokens stop, its blocks are freed); safe to call more
+        than once. A whole request's stream ends with Finished("abort"); a choice ends silently (its caller knows)."""
+        self._commands.put(("abort", stream, index))
 
     def stop(self, wait: bool = True) -> None:
         """Fail every unfinished request ("abort", with a message), then end the thread (`wait`: and join it)."""
@@ -137,6 +140,8 @@ class EngineLoop:
         kind, *args = command
         if kind == "add":
             self._add(*args)
+        elif kind == "abort" and args[1] is not None:
+            self._abort_choice(*args)
         elif kind == "abort":
             self._abort(args[0], "abort")
         else:
@@ -163,6 +168,13 @@ class EngineLoop:
         self.engine.abort(stream.request_id)
         stream.finish(reason, error)
 
+    def _abort_choice(self, stream: TokenStream, index: int) -> None:
+        if stream.request_id is None or stream.request_id not in self._streams:
+            return
+        self.engine.abort(stream.request_id, index)
+        if not self.engine.choices.members(stream.request_id):  # it was the last choice left
+            self._abort(stream, "abort")
+
     def _step(self) -> None:
         try:
             events = self.engine.step_events()
@@ -173,16 +185,17 @@ class EngineLoop:
             self.snapshot = take_snapshot(self.engine)
             return
         self.snapshot = take_snapshot(self.engine)  # before any client hears of this step's results
-        items: list[tuple[TokenStream, int | Finished]] = []
+        items: list[tuple[TokenStream, TokenEvent | Finished]] = []
         for event in events:
             stream = self._streams[event.request_id]
             if event.token_id is not None:
-                items.append((stream, event.token_id))
+                items.append((stream, event))
             if event.queue_s is not None:
                 self._on_queue_time(event.queue_s)
             if event.output is not None:
-                del self._streams[event.request_id]
                 output = event.output
                 error = "; ".join(output.warnings) if output.finish_reason == "error" else None
-                items.append((stream, Finished(output.finish_reason, error)))
+                items.append((stream, Finished(output.finish_reason, error, output.index)))
+            if event.done:
+                del self._streams[event.request_id]
         deliver(items)

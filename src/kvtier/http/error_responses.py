@@ -46,6 +46,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if kind == "extra_forbidden":
         return APIError(400, f"unsupported parameter {param!r}", param, "unsupported_parameter")
     if kind == "unsupported":
+        param = (problem.get("ctx") or {}).get("param") or param
         return APIError(400, f"unsupported parameter {param!r}: {problem.get('msg', '')}", param,
                         "unsupported_parameter")
     if not where:

@@ -14,11 +14,17 @@ INCOMPLETE = "\ufffd"  # what the tokenizer decodes a partial UTF-8 sequence to
 
 
 class TextAssembler:
-    """Feed tokens with `add`; each call returns the newly visible text. `stopped` once a stop string matched."""
+    """Feed tokens with `add`; each call returns the newly visible text. `stopped` once a stop string matched.
 
-    def __init__(self, decode: Callable[[list[int]], str], stop: list[str]) -> None:
+    Before `min_tokens` tokens no stop string counts (vLLM's rule): a match must end in text that
+    came after them.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: list[str], min_tokens: int = 0) -> None:
         self._decode = decode
         self._stop = stop
+        self._min_tokens = min_tokens
+        self._floor = 0  # a stop string must end past this many characters
         self._ids: list[int] = []
         self._shown = 0
         self.text = ""
@@ -29,6 +35,8 @@ class TextAssembler:
             return ""
         self._ids.append(token_id)
         text = self._decode(self._ids)
+        if len(self._ids) < self._min_tokens:
+            self._floor = len(text.rstrip(INCOMPLETE))
         cut = self._first_stop(text)
         if cut is not None:
             self.stopped = True
@@ -50,7 +58,8 @@ class TextAssembler:
     def _first_stop(self, text: str) -> int | None:
         # Only text not shown yet (plus a stop string's length before it) can hold a new match.
         start = max(0, self._shown - max((len(s) for s in self._stop), default=0))
-        found = [index for index in (text.find(stop, start) for stop in self._stop) if index >= 0]
+        found = [index for index in (text.find(stop, max(start, self._floor - len(stop) + 1)) for stop in self._stop)
+                 if index >= 0]
         return min(found) if found else None
 
     def _held_back(self, text: str) -> int:

@@ -6,19 +6,23 @@ import asyncio
 import threading
 from dataclasses import dataclass
 
+from kvtier.engine.outputs import TokenEvent
+
 SHUTTING_DOWN = "the server is shutting down"  # why requests still unfinished at shutdown failed
 
 
 @dataclass(frozen=True)
 class Finished:
-    """The last item of a stream: why generation ended, and the error message when it failed."""
+    """Why choice `index` of the request ended (None: every choice left), and the error message when it failed."""
 
     reason: str  # "stop", "length", "abort" or "error"
     error: str | None = None
+    index: int | None = None
 
 
 class TokenStream:
-    """Token ids (then one `Finished`) pushed from any thread, awaited on the event loop that made it.
+    """The engine's token events (a `Finished` after each choice's last) pushed from any thread, awaited on the event
+    loop that made it.
 
     `cancel()` (the client went away, or a stop string matched) is seen by the producing thread
     through `cancelled`; it then stops generating and pushes `Finished("abort")`.
@@ -26,17 +30,17 @@ class TokenStream:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._queue: asyncio.Queue[int | Finished] = asyncio.Queue()
+        self._queue: asyncio.Queue[TokenEvent | Finished] = asyncio.Queue()
         self._cancelled = threading.Event()
         self.request_id: int | None = None  # the engine's id, set on the engine thread
 
-    def push(self, token_id: int) -> None:
-        self._put(token_id)
+    def push(self, event: TokenEvent) -> None:
+        self._put(event)
 
-    def finish(self, reason: str, error: str | None = None) -> None:
-        self._put(Finished(reason, error))
+    def finish(self, reason: str, error: str | None = None, index: int | None = None) -> None:
+        self._put(Finished(reason, error, index))
 
-    async def get(self) -> int | Finished:
+    async def get(self) -> TokenEvent | Finished:
         return await self._queue.get()
 
     def cancel(self) -> None:
@@ -46,17 +50,17 @@ class TokenStream:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
-    def _put(self, item: int | Finished) -> None:
+    def _put(self, item: TokenEvent | Finished) -> None:
         deliver([(self, item)])
 
 
-def deliver(items: list[tuple[TokenStream, int | Finished]]) -> None:
+def deliver(items: list[tuple[TokenStream, TokenEvent | Finished]]) -> None:
     """Hand many items to their streams with one wake-up per event loop.
 
     An engine step yields a token for every running request; waking the event loop once per token
     made the loop thread compete with the engine thread for the interpreter 64 times a step.
     """
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TokenStream, int | Finished]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TokenStream, TokenEvent | Finished]]] = {}
     for stream, item in items:
         by_loop.setdefault(stream._loop, []).append((stream, item))
     for loop, batch in by_loop.items():
@@ -66,6 +70,6 @@ def deliver(items: list[tuple[TokenStream, int | Finished]]) -> None:
             pass
 
 
-def _put_all(batch: list[tuple[TokenStream, int | Finished]]) -> None:
+def _put_all(batch: list[tuple[TokenStream, TokenEvent | Finished]]) -> None:
     for stream, item in batch:
         stream._queue.put_nowait(item)

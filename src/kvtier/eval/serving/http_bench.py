@@ -20,6 +20,7 @@ engine thread. They still share the machine's cores with the server.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -46,15 +47,18 @@ def requests_for(clients: int, per_client: int, minimum: int) -> int:
     return max(clients * per_client, minimum)
 
 
-def offline_tokens_per_s(llm: Any, ids: list[list[int]], config: EngineConfig, clients: int, new_tokens: int) -> float:
-    """The offline engine on the same prompts, at most `clients` sequences at a time (engine set-up untimed).
+def offline_tokens_per_s(llm: Any, ids: list[list[int]], config: EngineConfig, clients: int, new_tokens: int,
+                         fields: dict[str, Any] | None = None) -> float:
+    """The offline engine on the same prompts, at most `clients` sequences at a time (engine set-up untimed), sampled
+    as the request `fields` say (vLLM's names, which SamplingParams shares; greedy without them).
 
     Its flash file sits next to the server's (`.offline`): the server's engine keeps its own open.
     """
     flash_path = f"{config.flash_path}.offline" if config.flash_path else None
+    sampling = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, **(fields or {}))
     with LLMEngine.from_llm(llm, replace(config, max_num_seqs=clients, flash_path=flash_path)) as engine:
         started = time.perf_counter()
-        outputs = engine.generate(ids, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+        outputs = engine.generate(ids, sampling)
         wall = time.perf_counter() - started
     return sum(len(output.token_ids) for output in outputs) / wall
 
@@ -67,10 +71,13 @@ def percentile(values: list[float], share: float) -> float:
 
 def run_http_benchmark(llm: Any, prompts: list[str], config: EngineConfig, levels: tuple[int, ...],
                        per_client: int, minimum: int, new_tokens: int, repeats: int,
-                       say: Progress = print, setups: dict[str, EngineConfig] | None = None) -> dict[str, Any]:
+                       say: Progress = print, setups: dict[str, EngineConfig] | None = None,
+                       fields: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Every (setup, level) cell, medians over `repeats` alternating runs, as one JSON-ready dict. `setups`: the
-    engine configurations compared, by name (default: `config` with each swap backend)."""
+    engine configurations compared, by name (default: `config` with each swap backend); `fields`: request fields
+    a setup's requests carry, by setup name (sampling, say; default: greedy)."""
     setups = setups or {f"{backend} swap": replace(config, swap=backend) for backend in BACKENDS}
+    fields = {name: (fields or {}).get(name, {}) for name in setups}
     needed = requests_for(max(levels), per_client, minimum)
     if len(prompts) < needed:
         raise ValueError(f"{needed} prompts needed, {len(prompts)} given")
@@ -78,18 +85,20 @@ def run_http_benchmark(llm: Any, prompts: list[str], config: EngineConfig, level
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {}
     clients_process = ProcessPoolExecutor(1, mp_context=get_context("spawn"))
     try:
-        _measure(llm, prompts, ids, setups, levels, per_client, minimum, new_tokens, repeats, clients_process,
-                 samples, say)
+        _measure(llm, prompts, ids, setups, fields, levels, per_client, minimum, new_tokens, repeats,
+                 clients_process, samples, say)
     finally:
         clients_process.shutdown()
     return {"levels": list(levels), "setups": {name: asdict(setup) for name, setup in setups.items()},
+            "request_fields": fields,
             "repeats": repeats, "new_tokens": new_tokens,
             "requests": {str(c): requests_for(c, per_client, minimum) for c in levels},
             "cells": [_summary(name, clients, runs) for (name, clients), runs in samples.items()]}
 
 
 def _measure(llm: Any, prompts: list[str], ids: list[list[int]], setups: dict[str, EngineConfig],
-             levels: tuple[int, ...], per_client: int, minimum: int, new_tokens: int, repeats: int,
+             fields: dict[str, dict[str, Any]], levels: tuple[int, ...], per_client: int, minimum: int,
+             new_tokens: int, repeats: int,
              clients_process: ProcessPoolExecutor, samples: dict[tuple[str, int], list[dict[str, Any]]],
              say: Progress) -> None:
     """Fill `samples` with one cell per (setup, level) and repeat, in alternating orders."""
@@ -100,14 +109,14 @@ def _measure(llm: Any, prompts: list[str], ids: list[list[int]], setups: dict[st
             with BenchServer(llm, setup) as (server, engine_stats):
                 def served(count: int, clients: int) -> LevelRun:
                     return clients_process.submit(drive, server.url, SERVED_NAME, prompts[:count], clients,
-                                                  new_tokens).result()
+                                                  new_tokens, fields[name]).result()
 
                 served(min(minimum, WARM_UP_REQUESTS), min(levels))  # warm-up, untimed
                 engine_stats()
                 for clients in levels:
                     count = requests_for(clients, per_client, minimum)
                     cell = _cell(llm, lambda: served(count, clients), ids[:count], setup, clients,
-                                 new_tokens, server_first)
+                                 new_tokens, server_first, fields[name])
                     cell["swap_outs"] = engine_stats()
                     samples.setdefault((name, clients), []).append(cell)
                     say(f"[bench http] repeat {repeat + 1}/{repeats} {name} c={clients}: server "
@@ -116,9 +125,9 @@ def _measure(llm: Any, prompts: list[str], ids: list[list[int]], setups: dict[st
 
 
 def _cell(llm: Any, served: Callable[[], LevelRun], ids: list[list[int]], config: EngineConfig, clients: int,
-          new_tokens: int, server_first: bool) -> dict[str, Any]:
+          new_tokens: int, server_first: bool, fields: dict[str, Any]) -> dict[str, Any]:
     def offline() -> float:
-        return offline_tokens_per_s(llm, ids, config, clients, new_tokens)
+        return offline_tokens_per_s(llm, ids, config, clients, new_tokens, fields)
 
     if server_first:
         run, offline_rate = served(), offline()
@@ -179,11 +188,14 @@ def render_markdown(result: dict[str, Any]) -> str:
              f"per level {', '.join(f'{c}: {n}' for c, n in result['requests'].items())}; medians of "
              f"{result['repeats']} alternating repeats, spread (min-max) in brackets. Offline: the same prompts "
              "through the engine with max_num_seqs = clients. Tails: p99 / p50 of each run.", ""]
+    lines += _paired(result)
     for name, setup in result["setups"].items():
         pool = f"{setup['device_blocks']} blocks" if setup["device_blocks"] else setup["device_kv_budget"]
+        asked = result.get("request_fields", {}).get(name)
         lines += [f"## {name}", "",
                   f"Device pool {pool} of {setup['block_tokens']}-token blocks, {setup['swap']} swap, "
-                  f"{setup['max_batched_tokens']} tokens per step at most.", "",
+                  f"{setup['max_batched_tokens']} tokens per step at most"
+                  f"{f'; requests carry {json.dumps(asked)}' if asked else ''}.", "",
                   "| clients | server tok/s | offline tok/s | server / offline | TTFT p50 ms | TTFT p99 ms "
                   "| TTFT tail | ITL p50 ms | ITL p99 ms | ITL tail | swap-outs |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -196,6 +208,27 @@ def render_markdown(result: dict[str, Any]) -> str:
                          f"{cell['swap_outs']:.0f} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def paired_ratios(result: dict[str, Any]) -> dict[int, list[float]]:
+    """Per client count, the second setup's server throughput over the first's, run by run (the repeats alternate
+    which goes first, so each pair shares the machine's state)."""
+    first, second = list(result["setups"])[:2]
+    cells = {(cell["setup"], cell["clients"]): cell for cell in result["cells"]}
+    return {clients: [b["server_tokens_per_s"] / a["server_tokens_per_s"]
+                      for a, b in zip(cells[first, clients]["runs"], cells[second, clients]["runs"])]
+            for clients in result["levels"]}
+
+
+def _paired(result: dict[str, Any]) -> list[str]:
+    """With request fields compared: a table of the paired throughput ratios."""
+    if len(result["setups"]) != 2 or not any(result.get("request_fields", {}).values()):
+        return []
+    first, second = list(result["setups"])
+    lines = [f"## {second} / {first}", "", "| clients | server tok/s ratio, median | runs |", "|---|---|---|"]
+    for clients, ratios in paired_ratios(result).items():
+        lines.append(f"| {clients} | {statistics.median(ratios):.3f} | {', '.join(f'{r:.3f}' for r in ratios)} |")
+    return lines + [""]
 
 
 def spread(cell: dict[str, Any], name: str, digits: int = 1, scale: float = 1.0) -> str:

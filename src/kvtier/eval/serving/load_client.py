@@ -30,11 +30,12 @@ class LevelRun:
         return self.tokens / self.wall_s
 
 
-async def _stream_one(http: httpx.AsyncClient, model: str, prompt: str, new_tokens: int
+async def _stream_one(http: httpx.AsyncClient, model: str, prompt: str, new_tokens: int, fields: dict
                       ) -> tuple[int, float, list[float], str]:
-    """(completion tokens, time to first text, gaps between text chunks, text) of one streamed completion."""
+    """(completion tokens, time to first text, gaps between text chunks, text) of one streamed completion; `fields`
+    are added to its body (greedy unless they say otherwise)."""
     body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream_options": {"include_usage": True}} | fields
     sent = time.perf_counter()
     arrivals, tokens, pieces = [], 0, []
     async with http.stream("POST", "/v1/completions", json=body) as response:
@@ -53,7 +54,7 @@ async def _stream_one(http: httpx.AsyncClient, model: str, prompt: str, new_toke
     return tokens, first - sent, gaps, "".join(pieces)
 
 
-async def _drive(url: str, model: str, prompts: list[str], clients: int, new_tokens: int) -> LevelRun:
+async def _drive(url: str, model: str, prompts: list[str], clients: int, new_tokens: int, fields: dict) -> LevelRun:
     queue = list(reversed(list(enumerate(prompts))))
     results: dict[int, tuple[int, float, list[float], str]] = {}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -61,7 +62,7 @@ async def _drive(url: str, model: str, prompts: list[str], clients: int, new_tok
     async def client(http: httpx.AsyncClient) -> None:
         while queue:
             index, prompt = queue.pop()
-            results[index] = await _stream_one(http, model, prompt, new_tokens)
+            results[index] = await _stream_one(http, model, prompt, new_tokens, fields)
 
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=None) as http:
         started = time.perf_counter()
@@ -72,6 +73,8 @@ async def _drive(url: str, model: str, prompts: list[str], clients: int, new_tok
                     [gap for run in ordered for gap in run[2]], [run[3] for run in ordered])
 
 
-def drive(url: str, model: str, prompts: list[str], clients: int, new_tokens: int) -> LevelRun:
-    """Stream every prompt through the server at `url` with `clients` concurrent clients."""
-    return asyncio.run(_drive(url, model, prompts, clients, new_tokens))
+def drive(url: str, model: str, prompts: list[str], clients: int, new_tokens: int, fields: dict | None = None
+          ) -> LevelRun:
+    """Stream every prompt through the server at `url` with `clients` concurrent clients, `fields` added to each
+    request's body."""
+    return asyncio.run(_drive(url, model, prompts, clients, new_tokens, fields or {}))
