@@ -35,8 +35,8 @@ print('torch', torch.__version__, torch.cuda.get_device_name(), '| transformers'
       '| kvikio', kvikio.__version__, '| compat mode preferred:', d.is_compat_mode_preferred())"
 } 2>&1 | tee "$OUT/machine.txt"
 
-[ "${SKIP_TESTS:-0}" = 1 ] || timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gds_swap_gpu.py tests/engine/test_gds_swap.py \
-    tests/engine/test_device_checksum.py tests/engine/test_serving_engine.py tests/sparse/test_cuda_path.py \
+[ "${SKIP_TESTS:-0}" = 1 ] || timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/swap/test_gds_gpu.py tests/engine/swap/test_gds.py \
+    tests/engine/swap/test_device_checksum.py tests/engine/test_serving_engine.py tests/sparse/test_cuda_path.py \
     tests/sparse/test_selection.py 2>&1 | tee "$OUT/pytest.log"
 
 # The default scale: at --scale 0.125 the pool pressure made a single swap-out per run (too few to

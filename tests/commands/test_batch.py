@@ -44,7 +44,7 @@ HOLD_FLASH_FILE = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
 from swap_pools import filled_pool
-from kvtier.engine.flash_swap import FlashSwap
+from kvtier.engine.swap.flash import FlashSwap
 swap = FlashSwap(filled_pool(), sys.argv[1], num_slots=64, model_id="served", io_threads=2)
 swap.swap_out([0, 1]).wait()
 print("ready", flush=True)

@@ -10,7 +10,7 @@ next 2K-8K prompt does not fit and the room it leaves covers the running sequenc
 growth; with short prompts and >= 32 new tokens, growth outruns the pool and forces swapping.
 
 `--device cuda` runs the model and the KV pool on a GPU, where flash swap goes through kvikio
-(gds_swap.py); `--load-format dummy` gives the model random weights in its real architecture, for
+(engine/swap/gds.py); `--load-format dummy` gives the model random weights in its real architecture, for
 GPU machines that hold a model's config and tokenizer but not its weights (bench/gpu/check.sh).
 
 `add_parser` takes the sub-command group of `kvtier bench` (it adds `serve` to it).

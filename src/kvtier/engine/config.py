@@ -13,7 +13,7 @@ from kvtier.storage.flash_log import DEFAULT_SEGMENT_SLOTS
 from kvtier.units import parse_size
 
 SWAP_MODES = ("flash", "dram", "recompute")
-ALLOCATORS = ("log", "naive")  # the flash file's slot policies (flash_swap.py)
+ALLOCATORS = ("log", "naive")  # the flash file's slot policies (swap/flash.py)
 
 
 @dataclass(frozen=True)

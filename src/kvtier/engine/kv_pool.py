@@ -6,7 +6,7 @@ bytes apart (the payload rounded up to 4 KiB), so every block starts on a page:
 on the CPU the buffer comes from `aligned_buffer`, and a swap-out hands the
 block's own memory to pwritev with O_DIRECT, without a staging copy. On CUDA the
 pool is device memory: flash swap moves it with kvikio (GPUDirect Storage,
-gds_swap.py), DRAM swap with device-to-host copies.
+swap/gds.py), DRAM swap with device-to-host copies.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from kvtier.errors import ChecksumError, ConfigError, KvtierError, StorageError
 from kvtier.engine.block_manager import BlockManager, blocks_for
 from kvtier.engine.model_runner import ScheduledChunk
 from kvtier.engine.sequence import Sequence, Status
-from kvtier.engine.swap import PendingSwapOut, SwapBackend
+from kvtier.engine.swap.backend import PendingSwapOut, SwapBackend
 from kvtier.engine.tiered import Tiers
 from kvtier.storage.flash_log import FlashFullError
 

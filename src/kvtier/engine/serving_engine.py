@@ -4,7 +4,7 @@ One engine owns a device KV pool, a block manager, a scheduler and one swap
 backend chosen by `EngineConfig.swap`:
 
     flash      HiFC: swap blocks to a pre-created flash cache file (append-only log); from a CPU pool
-               with O_DIRECT (flash_swap.py), from a GPU pool with kvikio / GPUDirect Storage (gds_swap.py)
+               with O_DIRECT (swap/flash.py), from a GPU pool with kvikio / GPUDirect Storage (swap/gds.py)
     dram       baseline: swap to a host-DRAM pool of the same slot count (vLLM swap space)
     recompute  baseline: drop a victim's KV and recompute it when resumed
 
@@ -34,9 +34,9 @@ from kvtier.models.prompts import prompt_ids
 from kvtier.paths import cache_dir
 from kvtier.engine.block_manager import BlockManager, blocks_for
 from kvtier.engine.config import EngineConfig
-from kvtier.engine.dram_swap import DramSwap
-from kvtier.engine.flash_swap import FlashSwap
-from kvtier.engine.gds_swap import GdsFlashSwap
+from kvtier.engine.swap.dram import DramSwap
+from kvtier.engine.swap.flash import FlashSwap
+from kvtier.engine.swap.gds import GdsFlashSwap
 from kvtier.engine.kv_pool import KVPool
 from kvtier.engine.choices import Choices
 from kvtier.engine.logprobs import TokenLogprobs, raw_logprobs, token_logprobs
@@ -45,7 +45,7 @@ from kvtier.engine.outputs import RequestOutput, TokenEvent
 from kvtier.engine.sampler import Sampler
 from kvtier.engine.scheduler import Scheduler
 from kvtier.engine.sequence import SamplingParams, Sequence, Status
-from kvtier.engine.swap import SwapBackend
+from kvtier.engine.swap.backend import SwapBackend
 from kvtier.engine.tiered import TierBudgets, TierProvider, Tiers
 from kvtier.storage import BlockLayout, KVGeometry
 from kvtier.units import format_size, parse_size

@@ -29,9 +29,9 @@ from tqdm import tqdm
 
 from kvtier.eval.serving.workload import SWEEP_BLOCKS, Workload
 from kvtier.kv.model_geometry import model_geometry
-from kvtier.engine.dram_swap import DramSwap
+from kvtier.engine.swap.dram import DramSwap
 from kvtier.engine.serving_engine import EngineConfig, LLMEngine, flash_backend
-from kvtier.engine.flash_swap import FlashSwap
+from kvtier.engine.swap.flash import FlashSwap
 from kvtier.engine.kv_pool import KVPool
 from kvtier.storage import IOEngine, aligned_buffer, open_direct
 from kvtier.storage.flash_log import FlashLog, NaiveReuseAllocator, SlotAllocator

@@ -1,7 +1,7 @@
 """HiFC's flash cache for a KV pool in GPU memory: blocks move between GPU memory and the
 file through kvikio (NVIDIA GPUDirect Storage), never through buffers of ours on the host.
 
-The file, its slots and the append-only log are FlashSwap's (flash_swap.py): same
+The file, its slots and the append-only log are FlashSwap's (flash.py): same
 header, same HiFC appendix offsets, so a slot's bytes sit where the POSIX path
 would put them. What differs is how bytes move:
 
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from kvtier.errors import ChecksumError, ConfigError, StorageError
-from kvtier.engine.device_checksum import block_checksums
-from kvtier.engine.flash_swap import FlashSwap
+from kvtier.engine.swap.device_checksum import block_checksums
+from kvtier.engine.swap.flash import FlashSwap
 from kvtier.engine.kv_pool import KVPool
 from kvtier.storage.flash_log import DEFAULT_SEGMENT_SLOTS
 from kvtier.storage.geometry import KIND_NAMES

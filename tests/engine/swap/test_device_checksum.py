@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kvtier.engine.device_checksum import block_checksums
+from kvtier.engine.swap.device_checksum import block_checksums
 
 
 def random_rows(blocks: int = 4, nbytes: int = 8192) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """GdsFlashSwap's mechanics on the CPU: kvikio's CuFile replaced by a POSIX stand-in with its contract.
 
-The real kvikio path runs in test_gds_swap_gpu.py where a GPU and kvikio exist.
+The real kvikio path runs in test_gds_gpu.py where a GPU and kvikio exist.
 """
 
 import os
@@ -13,8 +13,8 @@ from swap_pools import clear, filled_pool, snapshot, swapped_out_then_damaged
 
 from kvtier.errors import ChecksumError, ConfigError, StorageError
 from kvtier.engine.serving_engine import flash_backend
-from kvtier.engine.flash_swap import FlashSwap
-from kvtier.engine.gds_swap import GdsFlashSwap, open_cufile
+from kvtier.engine.swap.flash import FlashSwap
+from kvtier.engine.swap.gds import GdsFlashSwap, open_cufile
 
 
 class _Done:

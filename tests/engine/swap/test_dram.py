@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kvtier.engine.dram_swap import DramSwap
+from kvtier.engine.swap.dram import DramSwap
 from kvtier.engine.kv_pool import KVPool
 from kvtier.storage import KVGeometry
 from kvtier.storage.flash_log import FlashFullError

@@ -1,7 +1,7 @@
 """The kvikio (GPUDirect Storage) flash path on a real GPU, through kvikio itself.
 
 Skipped, with the reason shown, where there is no CUDA device or kvikio is not installed (CI is
-CPU-only); the mechanics are tested on every machine in test_gds_swap.py.
+CPU-only); the mechanics are tested on every machine in test_gds.py.
 """
 
 import copy
@@ -17,7 +17,7 @@ from serve_pressure import LONG, PRESSURE, short_prompts  # noqa: E402
 from swap_pools import clear, filled_pool, snapshot, swapped_out_then_damaged  # noqa: E402
 
 from kvtier.errors import ChecksumError  # noqa: E402
-from kvtier.engine.gds_swap import GdsFlashSwap  # noqa: E402
+from kvtier.engine.swap.gds import GdsFlashSwap  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,7 @@ import torch
 from swap_pools import GEOMETRY, clear, filled_pool, snapshot, swapped_out_then_damaged
 
 from kvtier.errors import ChecksumError, ConfigError
-from kvtier.engine.flash_swap import FlashSwap
+from kvtier.engine.swap.flash import FlashSwap
 from kvtier.engine.kv_pool import KVPool
 from kvtier.storage.file_lock import FileInUseError
 from kvtier.storage.flash_log import FlashFullError

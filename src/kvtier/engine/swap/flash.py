@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from kvtier.errors import ConfigError, StorageError
 from kvtier.engine.config import ALLOCATORS
 from kvtier.engine.kv_pool import KVPool
-from kvtier.engine.swap import SwapBackend
+from kvtier.engine.swap.backend import SwapBackend
 from kvtier.storage import IOEngine, KVBlockFile
 from kvtier.storage.block_file import BlockRequest
 from kvtier.storage.file_lock import FileInUseError

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from kvtier.engine.kv_pool import KVPool
-from kvtier.engine.swap import SwapBackend
+from kvtier.engine.swap.backend import SwapBackend
 from kvtier.storage import aligned_buffer
 from kvtier.storage.flash_log import NaiveReuseAllocator
 from kvtier.storage.io_engine import gather
