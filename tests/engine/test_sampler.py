@@ -146,3 +146,15 @@ def test_sampling_params_refuse_impossible_values_naming_the_field(fields, name)
     with pytest.raises(SamplingError, match=f"^{name} ") as error:
         SamplingParams(**fields)
     assert error.value.field == name and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("candidates", [1, 2, 3])
+def test_a_top_p_set_is_the_same_found_among_candidates_or_by_sorting_everything(candidates):
+    from kvtier.engine.logits_processors import draw
+
+    # probabilities ~0.665, 0.245, 0.090: top_p 0.8 keeps the first two (one candidate holds too little mass)
+    logits = torch.log(torch.tensor([[0.665, 0.245, 0.090]])).expand(400, 3).clone()
+    uniforms = torch.linspace(0, 0.999, 400)
+    tokens = draw(logits, torch.zeros(400), torch.full((400,), 0.8), uniforms, candidates=candidates)
+    assert set(tokens.tolist()) == {0, 1}
+    assert (tokens == 0).float().mean().item() == pytest.approx(0.665 / 0.91, abs=0.01)

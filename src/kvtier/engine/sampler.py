@@ -8,10 +8,13 @@ temperature, min_p, top_k and top_p, and a draw. A row none of that applies to i
 model gave it, so a greedy request with no processors takes the plain argmax whoever shares its
 batch; a request never reads another row.
 
-A draw is vLLM's: argmax(probs / q) with q ~ Exp(1) per token, which samples from `probs`. A
-seeded sequence fills its q from a `torch.Generator` of its own, kept here until the sequence ends:
-each generated token draws once from it, so a sequence that is preempted and resumed continues the
-same random stream. Unseeded rows share one generator seeded by the OS. Grammar matchers are kept
+A draw takes one uniform number per row and the token where it falls in the row's cumulative
+distribution (inverse CDF). vLLM's GPU sampler races Exp(1) noise over every token instead; on a
+CPU that is one random number per vocabulary entry (49152 for smollm2) per row per step, which cost
+more than the rest of a 64-sequence step's sampling together. A seeded sequence draws from a
+`torch.Generator` of its own, kept here until the sequence ends: each generated token draws once
+from it, so a sequence that is preempted and resumed continues the same random stream. Unseeded
+rows share one generator seeded by the OS. Grammar matchers are kept
 the same way and advance only with the tokens chosen.
 """
 
@@ -125,22 +128,26 @@ class Sampler:
         """One token per row drawn from the row's softmax at its temperature, within its min_p, top_k and top_p."""
         params = [seq.sampling for seq in seqs]
         logits /= torch.tensor([p.temperature for p in params])[:, None]
-        if any(p.min_p > 0 for p in params):
-            processors.keep_min_p(logits, torch.tensor([p.min_p for p in params]))
-        if any(p.top_k > 0 or p.top_p < 1 for p in params):
-            vocab = logits.shape[1]
-            processors.keep_top_k_top_p(logits, torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]),
-                                        torch.tensor([p.top_p for p in params]))
-        probs = torch.softmax(logits, dim=-1)
-        return (probs / self._exponentials(probs.shape, seqs)).argmax(dim=-1)
+        uniforms = self._uniforms(seqs)
+        tokens = torch.empty(len(seqs), dtype=torch.long)
+        for rows in ([i for i, p in enumerate(params) if p.top_k > 0], [i for i, p in enumerate(params) if p.top_k <= 0]):
+            if not rows:
+                continue
+            limits = [torch.tensor([getattr(params[i], name) for i in rows]) for name in ("min_p", "top_p")]
+            if params[rows[0]].top_k > 0:
+                top_k = torch.tensor([params[i].top_k for i in rows])
+                tokens[rows] = processors.draw_top_k(logits[rows], top_k, *limits, uniforms[rows])
+            else:
+                tokens[rows] = processors.draw(logits[rows], *limits, uniforms[rows])
+        return tokens
 
-    def _exponentials(self, shape: torch.Size, seqs: list[Sequence]) -> torch.Tensor:
-        """Exp(1) noise, each seeded row's from its own generator, the other rows' from the shared one."""
-        noise = torch.empty(shape).exponential_(generator=self._shared)
+    def _uniforms(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One U[0, 1) per row, each seeded row's from its own generator, the other rows' from the shared one."""
+        points = torch.rand(len(seqs), generator=self._shared)
         for row, seq in enumerate(seqs):
             if seq.sampling.seed is not None:
-                noise[row].exponential_(generator=self._generator(seq))
-        return noise
+                points[row] = torch.rand(1, generator=self._generator(seq))[0]
+        return points
 
     def _generator(self, seq: Sequence) -> torch.Generator:
         generator = self._generators.get(seq.request_id)
