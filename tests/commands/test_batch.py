@@ -23,7 +23,7 @@ def test_reads_prompts_with_per_line_overrides(tmp_path):
 @pytest.mark.parametrize("line, message", [
     ("not json", "prompts.jsonl:1: not JSON"),
     ('{"text": "Hi"}', 'prompts.jsonl:1: expected an object with a "prompt" string'),
-    ('{"prompt": "Hi", "max_new_tokens": 0}', "prompts.jsonl:1: max_new_tokens must be a positive integer"),
+    ('{"prompt": "Hi", "max_new_tokens": 0}', "prompts.jsonl:1: max_new_tokens must be an integer at least 1"),
     ('{"prompt": "Hi", "ignore_eos": "yes"}', "prompts.jsonl:1: ignore_eos must be true or false"),
 ])
 def test_bad_lines_are_named(tmp_path, line, message):
