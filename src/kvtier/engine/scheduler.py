@@ -298,8 +298,7 @@ class Scheduler:
             seq.kv.bring_back()
         except StorageError as error:
             self.stats.checksum_failures += isinstance(error, ChecksumError)
-            seq.kv.close()
-            seq.kv = None
+            self._release(seq)  # closes its KV, as for any sequence whose KV is given up
             self._recompute(seq, f"set-aside KV unreadable, recomputed: {error}")
             return True
         seq.block_table = self.blocks.allocate(self.tiers.budgets.device_blocks)
