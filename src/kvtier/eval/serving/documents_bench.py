@@ -130,9 +130,10 @@ def mixed_traffic(llm: Any, url: str, long_prompts: list[str], new_tokens: int, 
     long one has its first token)."""
     short = [_user_turn(llm, f"Say one word about the number {number}.") for number in range(SHORT_REQUESTS)]
     idle = drive(url, SERVED_NAME, short, 1, 1)
-    started = scrape(url).get(("kvtier:generation_tokens_total", ()), 0.0)
+    first_tokens = ("kvtier:time_to_first_token_seconds_count", ())  # one per request given its first token
+    started = scrape(url).get(first_tokens, 0.0)
     long_run = clients.submit(drive, url, SERVED_NAME, long_prompts, len(long_prompts), new_tokens)
-    while scrape(url).get(("kvtier:generation_tokens_total", ()), 0.0) < started + len(long_prompts):
+    while scrape(url).get(first_tokens, 0.0) < started + len(long_prompts):
         if long_run.done():
             raise RuntimeError("the long requests finished before the short ones could be sent beside them")
         time.sleep(SAMPLE_S)
