@@ -5,6 +5,8 @@ Mechanics only: no assertion here is about speed.
 
 import json
 
+import pytest
+
 from kvtier.cli import main
 from kvtier.sparse.threads import decode_threads
 
@@ -96,3 +98,22 @@ def test_a_kv_store_that_is_a_file_is_a_one_line_error(tiny_model_dir, tmp_path,
     assert _bench(tiny_model_dir, tmp_path) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "KV store" in err[-1] and err[-1].startswith("kvtier: error:") and "Traceback" not in "\n".join(err)
+
+
+def test_corpora_run_each_corpus_and_add_one_table(tiny_model_dir, tmp_path, capsys):
+    assert _bench(tiny_model_dir, tmp_path, "--repeats", "1", "--policies", "hit", "--skip-dense",
+                  "--corpora", "code,repetitive") == 0
+    out = tmp_path / "out"
+    for corpus in ("code", "repetitive"):  # each corpus's full result, the corpus ending its name
+        assert json.loads((out / f"sparse-{tiny_model_dir.name}-320-b2-{corpus}.json").read_text())["corpus"] == corpus
+    table = json.loads((out / f"sparse-corpora-{tiny_model_dir.name}-320-b2.json").read_text())
+    assert table["corpora"] == ["code", "repetitive"] and set(table["runs"]) == {"code", "repetitive"}
+    text = (out / f"sparse-corpora-{tiny_model_dir.name}-320-b2.md").read_text()
+    assert all(f"| {corpus} | {mode} |" in text for corpus in ("code", "repetitive") for mode in ("offload", "sparse-hit"))
+    assert "per-16-step medians" in capsys.readouterr().out
+
+
+def test_an_unknown_corpus_in_corpora_is_named(tiny_model_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _bench(tiny_model_dir, tmp_path, "--corpora", "code,dickens")
+    assert "argument --corpora: 'code,dickens': give distinct names among" in capsys.readouterr().err

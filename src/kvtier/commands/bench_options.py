@@ -27,6 +27,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="results directory")
 
 
+def corpus_list(value: str) -> list[str]:
+    """A `--corpora` value: comma-separated corpus names, each known and named once (argparse names a bad one)."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names or len(set(names)) != len(names) or any(name not in CORPUS_NAMES for name in names):
+        raise argparse.ArgumentTypeError(f"{value!r}: give distinct names among {', '.join(CORPUS_NAMES)}, "
+                                         "separated by commas")
+    return names
+
+
 def shares_from(args: argparse.Namespace) -> BudgetShares:
     """`--host-share` and `--device-share`, checked."""
     if not 0 < args.host_share <= 1 or not 0 <= args.device_share <= 1:

@@ -27,15 +27,19 @@ Cold reads are honest: the sparse cold pool and the offload KV file are read
 with O_DIRECT (the result says so; on a filesystem without O_DIRECT the
 files are read buffered and the result records `direct: false`).
 Writes JSON and markdown under `--out` (default bench/results/).
+
+`--corpora paul-graham,code,...` runs the whole comparison over each corpus in turn (its own files, the corpus name
+ending their stem) and adds one table of every corpus and mode (kvtier.eval.sparse.corpora_table), with the medians
+of every 16 steps of the median round: over a long decode (`--new-tokens 128`) they show whether the step drifts.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
-from kvtier.commands.bench_options import add_device_options, check_writable, storage_directory
+from kvtier.commands.bench_options import add_device_options, check_writable, corpus_list, storage_directory
 from kvtier.commands.kv_options import add_dtype_option, add_model_option
 from kvtier.commands.store_options import add_store_options, store_from
 from kvtier.data.corpus import CORPUS_NAMES
@@ -66,6 +70,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--skip-offload", action="store_true")
     parser.add_argument("--skip-dense", action="store_true", help="skip the dense reference row (all KV in memory)")
     parser.add_argument("--corpus", choices=("auto", *CORPUS_NAMES), default="auto", help="text for prompts")
+    parser.add_argument("--corpora", type=corpus_list, default=None, metavar="NAME,...",
+                        help=f"run over each of these corpora in turn ({', '.join(CORPUS_NAMES)}) and add one table "
+                             "of them all (sparse-corpora-*.md); replaces --corpus")
     parser.add_argument("--storage-dir", default=None)
     parser.add_argument("--prefill-chunk", type=int, default=1024)
     parser.add_argument("--recalibrate", action="store_true", help="measure APP's throughputs again")
@@ -87,5 +94,15 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(machine_threads())  # prefill everywhere; decode threads per mode (kvtier.sparse.threads)
     llm = load_model(args.model, dtype=args.dtype, device=args.device, load_format=args.load_format)
     bench = SparseBench(**{field.name: getattr(args, field.name) for field in fields(SparseBench)})
-    write_results(run_sparse_benchmark(llm, bench, storage_dir, args.device, args.dtype, store), args.out)
+    if args.corpora is None:
+        write_results(run_sparse_benchmark(llm, bench, storage_dir, args.device, args.dtype, store), args.out)
+        return 0
+    from kvtier.eval.sparse.corpora_table import corpora_result, write_corpora_results
+
+    results = {}
+    for corpus in args.corpora:
+        results[corpus] = run_sparse_benchmark(llm, replace(bench, corpus=corpus), storage_dir, args.device,
+                                               args.dtype, store)
+        write_results(results[corpus], args.out, suffix=f"-{corpus}")
+    write_corpora_results(corpora_result(results), args.out)
     return 0

@@ -73,7 +73,7 @@ def run_sparse_benchmark(llm, bench: SparseBench, storage_dir: str, device: str,
     tape, stored = _record_prompt(llm, ids, bench.prefill_chunk, store)
     kv_bytes = kv_bytes_per_token(model) * bench.context * bench.batch
     device_budget, host_budget = budget_bytes(model, bench.context, BudgetShares(host=bench.host_share), bench.batch)
-    result = {"model": llm.name, "device": device, "dtype": dtype,
+    result = {"model": llm.name, "device": device, "dtype": dtype, "corpus": bench.corpus,
               "context": bench.context, "batch": bench.batch, "new_tokens": bench.new_tokens,
               "alpha": bench.alpha, "score_bits": bench.score_bits, "prompt_kv_bytes": kv_bytes,
               "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": thread_settings(),
@@ -325,13 +325,16 @@ def _edge_mass(masses: list[np.ndarray]) -> dict[str, float]:
     return shares | {f"recent={n}": float(np.mean([edge_mass(m, 0, n) for m in masses])) for n in sizes["recent"]}
 
 
-def write_results(result: dict, out: Path) -> None:
+def write_results(result: dict, out: Path, suffix: str = "") -> None:
+    """`<stem>.json` and `<stem>.md` under `out` (the stem names model, context, batch, a device other than the CPU,
+    a score precision other than the default, then `suffix`), the markdown printed too."""
     out.mkdir(parents=True, exist_ok=True)
     stem = f"sparse-{result['model']}-{result['context']}-b{result['batch']}"  # names may hold dots: qwen2.5-0.5b
     if result.get("device", "cpu") != "cpu":
         stem += f"-{result['device'].replace(':', '')}"
     if result["score_bits"] != SparseSettings.score_bits:  # another precision's run sits beside the default's, not over it
         stem += f"-int{result['score_bits']}"
+    stem += suffix
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))
