@@ -1,5 +1,5 @@
 """`kvtier` command line: generate | demo | batch | serve | store | models | cost |
-bench {sparse,serve,http,accuracy,ruler,latency,report,store,vllm-tier}.
+bench {sparse,generate,serve,http,accuracy,ruler,latency,report,store,vllm-tier}.
 
 Every user-caused error (KvtierError) is printed as one line on stderr with a
 non-zero exit code and no traceback. Output piped into a reader that stops early
@@ -34,6 +34,7 @@ COMMANDS = {
 }
 BENCH_COMMANDS = {
     "sparse": "sparse (HillInfer) path vs full offload: speed, disk bytes, recall",
+    "generate": "`kvtier generate` per corpus in fresh processes: sparse vs offload vs dense ms/token, answers",
     "serve": "flash swap vs DRAM swap under continuous batching (HiFC)",
     "http": "the HTTP server under concurrent clients vs the offline engine",
     "accuracy": "needle grid, perplexity and attention-mass recall vs dense",

@@ -39,6 +39,18 @@ def test_json_is_the_last_stdout_line_and_offload_reads_disk(tiny_model_dir, tmp
     assert result["disk_bytes_read"] > 0 and result["disk_bytes_written"] > 0
     assert set(result["kv_bytes"]) == {"device", "host", "storage"} and result["kv_bytes"]["storage"] > 0
     assert not list(tmp_path.iterdir())  # the KV file is scratch: removed at the end
+    steps = result["step_ms"]  # each decode forward pass after the first token, timed
+    assert len(steps) == result["decode_tokens"] - 1 and all(ms > 0 for ms in steps)
+    assert sum(steps) <= result["decode_s"] * 1000 * 1.01
+
+
+def test_token_clock_times_the_passes_between_the_last_tokens():
+    from kvtier.commands.generate import TokenClock
+
+    clock = TokenClock()
+    assert clock.step_ms(0) == [] and clock("cache") is False
+    clock.times = [1.0, 2.0, 2.5, 2.75]  # a prefill chunk, then three tokens chosen
+    assert clock.step_ms(3) == [500.0, 250.0] and clock.step_ms(1) == []
 
 
 def test_offload_text_equals_dense_text(tiny_model_dir, tmp_path, capsys):

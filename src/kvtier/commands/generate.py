@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--question", help="question asked after the --file document")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prefill-chunk", type=int, default=1024, help="prompt tokens per prefill forward pass")
-    parser.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
+    parser.add_argument("--json", action="store_true",
+                        help="end stdout with one JSON line of results (with each decode step's ms, `step_ms`)")
     add_kv_options(parser)
     add_store_options(parser)
     parser.set_defaults(run=run)
@@ -71,14 +73,33 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     prompt = read_prompt(args)
-    result = _answer(args, prompt, kv_config_from(args), store_from(args))
+    clock = TokenClock()
+    result = _answer(args, prompt, kv_config_from(args), store_from(args), clock)
     print(summary_line(result), file=sys.stderr)
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(json.dumps(result.to_json() | {"step_ms": clock.step_ms(result.decode_tokens)}))
     return 0
 
 
-def _answer(args: argparse.Namespace, prompt: str, kv_config: KVConfig, store: DocumentStore | None) -> GenerationResult:
+class TokenClock:
+    """A generation's `watch` that cancels nothing and notes when it is called: after every prefill chunk and as each
+    new token is chosen, so the last calls time the decode's forward passes one by one."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, cache: object) -> bool:
+        self.times.append(time.perf_counter())
+        return False
+
+    def step_ms(self, tokens: int) -> list[float]:
+        """The ms between the choices of the last `tokens` tokens: each decode forward pass after the first token."""
+        chosen = self.times[-tokens:] if tokens else []
+        return [(later - earlier) * 1000 for earlier, later in zip(chosen, chosen[1:])]
+
+
+def _answer(args: argparse.Namespace, prompt: str, kv_config: KVConfig, store: DocumentStore | None,
+            watch: TokenClock) -> GenerationResult:
     """Load the model and stream its answer to stdout (torch and transformers, seconds to import, only now)."""
     from kvtier.generation import generate
     from kvtier.models.loader import load_model
@@ -86,6 +107,6 @@ def _answer(args: argparse.Namespace, prompt: str, kv_config: KVConfig, store: D
     llm = load_model(args.model, dtype=args.dtype)
     try:
         return generate(llm, prompt, args.max_new_tokens, kv_config, args.prefill_chunk, on_text=write_answer,
-                        progress=args.progress, kv_store=store)
+                        progress=args.progress, kv_store=store, watch=watch)
     finally:
         end_answer()
