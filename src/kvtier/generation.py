@@ -44,6 +44,9 @@ class GenerationResult:
     kv_store_bytes_read: int = 0
     ttft_s: float = 0.0  # from the request (model loaded) to the first new token, store lookup included
     scorer_restarts: int = 0  # sparse mode: times the storage scorer process was restarted
+    # sparse mode: the estimated attention mass kept (mean, least), the share of pooled tokens attended and the
+    # top-p guard's events over the decode steps (KVCache.attention_budget); None for the other modes
+    attention_budget: dict | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -163,6 +166,7 @@ class _Run:
             kv_bytes = tier_bytes(cache, model)
             io = cache.io_stats()
             restarts = cache.scorer_restarts()
+            budget = cache.attention_budget()
         finally:
             prompt_in.publish()
             cache.close()
@@ -182,6 +186,7 @@ class _Run:
             reused_prompt_tokens=prompt_in.reused,
             kv_store_bytes_read=reuse.bytes_read if reuse is not None else 0,
             scorer_restarts=restarts,
+            attention_budget=budget,
         )
 
     def _new_cache(self, stored: Match | None):

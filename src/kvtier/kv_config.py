@@ -32,6 +32,7 @@ class KVConfig:
     io_threads: int = 8
     # sparse mode and baselines (kvtier.sparse.settings.SparseSettings documents each)
     alpha: float = 0.2
+    top_p: float | None = None  # sparse: the adaptive budget's attention mass (None: the fixed share alpha)
     score_bits: int = SparseSettings.score_bits
     beta: str | float = "auto"
     sink: int = 4
@@ -51,13 +52,16 @@ class KVConfig:
                 parse_size(getattr(self, name))
             except ConfigError as error:
                 raise ConfigError(f"{setting(name)}: {error}") from None
+        if self.top_p is not None and self.kv != "sparse":
+            raise ConfigError(f"{setting('top_p')} is the sparse mode's adaptive budget; --kv {self.kv} attends the "
+                              f"fixed share {setting('alpha')}")
         self.sparse_settings()
         return self
 
     def sparse_settings(self) -> SparseSettings:
         """The sparse-mode settings these options describe (validated)."""
-        return SparseSettings(alpha=self.alpha, score_bits=self.score_bits, beta=parse_beta(self.beta),
-                              sink=self.sink, recent=self.recent, policy=self.policy,
+        return SparseSettings(alpha=self.alpha, top_p=self.top_p, score_bits=self.score_bits,
+                              beta=parse_beta(self.beta), sink=self.sink, recent=self.recent, policy=self.policy,
                               lookahead=self.lookahead).validated()
 
 

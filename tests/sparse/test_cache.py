@@ -346,3 +346,72 @@ def test_layers_whose_candidates_come_late_are_asked_for_earlier_and_stay_exact(
     finally:
         cache.close()
     _assert_dense_equivalent(sparse, _dense(model, ids, 6))
+
+
+def _estimated_and_exact_mass(model, cache, ids, steps):
+    """Per decode step and tiered layer: the layer, the mass the cache estimates it kept, and the mass a dense cache
+    fed the same tokens puts on the positions it attended (the lockstep of `bench accuracy`). Past the first layer
+    the two caches' queries differ (the sparse one's earlier layers attended fewer tokens)."""
+    from kvtier.eval.accuracy.mass_recall import AttendedPositions, DenseAttentionProbe
+
+    dense = make_cache(model, KVConfig(), ids.shape[1] + steps)
+    attended, estimated, pairs = AttendedPositions(), {}, []
+    cache.watch_attended(attended)
+    cache.watch_mass(lambda layer, kept: estimated.__setitem__(layer, float(kept[0])))
+    with DenseAttentionProbe(model) as probe, torch.inference_mode():
+        for start in range(0, ids.shape[1], 64):
+            logits = model(input_ids=ids[:, start : start + 64], cache=cache).logits[:, -1]
+            model(input_ids=ids[:, start : start + 64], cache=dense)
+        for _ in range(steps):
+            token = logits.argmax(-1, keepdim=True)
+            logits = model(input_ids=token, cache=cache).logits[:, -1]
+            with probe.capturing():
+                model(input_ids=token, cache=dense)
+            pairs += [(layer, estimated[layer], exact) for layer, exact in probe.recall(attended.take()).items()]
+    return pairs
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_estimated_mass_is_exact_at_alpha_one_whatever_the_sketches(tiny_llama, tmp_path, bits):
+    """At alpha 1 every cold token is read: the estimate takes no logit from a sketch, so it is exact at any sketch
+    precision (there are no 16-bit sketches to make the unread tokens' logits exact)."""
+    cache = _sparse(tiny_llama, tmp_path, 220, alpha=1.0, score_bits=bits)
+    try:
+        pairs = _estimated_and_exact_mass(tiny_llama, cache, _ids(1, 200, 21), 4)
+    finally:
+        cache.close()
+    assert len(pairs) == 8
+    for _, estimate, exact in pairs:
+        assert estimate == pytest.approx(exact, abs=1e-5) and exact == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_estimated_mass_is_exact_where_every_cold_token_is_read(tiny_llama, tmp_path):
+    """A cold pool of a few tokens: the shortlist (at least MIN_CANDIDATES) reads all of it, so every logit is known
+    and the top-p choice's estimated mass is the dense mass of what it attended, below 1, in the first layer (whose
+    query is the dense cache's); in the next, the queries' difference keeps them near."""
+    cache = _sparse(tiny_llama, tmp_path, 220, beta=12.0, host="256KiB", top_p=0.6, min_share=0.0, max_share=1.0,
+                    guard_mass=0.0, lookahead=False)
+    try:
+        pairs = _estimated_and_exact_mass(tiny_llama, cache, _ids(1, 200, 22), 4)
+        assert 0 < cache.layers[0].tier_tokens()["storage"] <= 16
+    finally:
+        cache.close()
+    for layer, estimate, exact in pairs:
+        assert estimate == pytest.approx(exact, abs=1e-5 if layer == 0 else 0.01) and 0.59 <= exact < 0.999
+    assert any(layer == 0 for layer, _, _ in pairs)
+
+
+@pytest.mark.parametrize("lookahead", [{}, LOOKAHEAD])
+def test_the_top_p_budget_attends_between_its_floor_and_ceiling_and_counts_guards(tiny_llama, tmp_path, lookahead):
+    ids = _ids(1, 400, 23)
+    cache = _sparse(tiny_llama, tmp_path, 420, top_p=0.9, min_share=0.05, max_share=0.3, guard_mass=0.0,
+                    **lookahead)
+    try:
+        _run(tiny_llama, cache, ids, 6)
+        report = cache.attention_budget()
+        for step in cache.stats.steps:
+            pooled = (step.pooled_hot + step.pooled_cold) / 2  # two tiered layers, one sequence each
+            assert 2 * np.ceil(0.05 * pooled) <= step.selected_hot + step.selected_cold <= 2 * np.ceil(0.3 * pooled)
+        assert report["guard_events"] == 0 and 0 < report["mass_kept_min"] <= report["mass_kept_mean"] <= 1
+    finally:
+        cache.close()

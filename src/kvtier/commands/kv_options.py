@@ -7,6 +7,7 @@ import logging
 from kvtier.kv_config import KV_MODES, KVConfig
 from kvtier.models.registry import DEFAULT_MODEL
 from kvtier.sparse import SCORE_BITS
+from kvtier.sparse.settings import DEFAULT_TOP_P, SparseSettings
 from kvtier.storage.geometry import DTYPE_SIZES
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,14 @@ def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -
     group.add_argument("--block-tokens", type=int, default=defaults.block_tokens, help="tokens per KV block")
     group.add_argument("--io-threads", type=int, default=defaults.io_threads, help="I/O threads for the disk tier")
     sparse = parser.add_argument_group("selective KV (--kv sparse, h2o, infinigen, leoam, quest)")
-    sparse.add_argument("--alpha", type=float, default=defaults.alpha, help="importance rate: share of pooled tokens attended per step")
+    sparse.add_argument("--alpha", type=_alpha, default=defaults.alpha,
+                        help="importance rate: share of pooled tokens attended per step; 'auto' (--kv sparse): the "
+                             f"adaptive budget at --top-p {DEFAULT_TOP_P}")
+    sparse.add_argument("--top-p", type=float, default=None,
+                        help="--kv sparse: attend per layer and step the fewest tokens whose estimated attention mass "
+                             f"reaches this (between {SparseSettings.min_share * 100:g}%% and "
+                             f"{SparseSettings.max_share * 100:g}%% of the pooled tokens, more where the mass stays "
+                             "low); alpha then only plans the hot/cold split")
     sparse.add_argument("--score-bits", type=int, choices=SCORE_BITS, default=defaults.score_bits, help="key sketch precision (the sketches draw up the cold shortlist that exact scores rank)")
     sparse.add_argument("--beta", default=defaults.beta, help="hot/cold split Mc/Ms, or 'auto' (calibrated latency model)")
     sparse.add_argument("--sink", type=int, default=defaults.sink, help="first tokens always attended")
@@ -45,6 +53,16 @@ def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -
                         help="--kv sparse: score each layer's cold pool with its own query only, instead of "
                              "prefetching its candidates with a query predicted from the previous layer (done for "
                              "layers with at least 256 cold tokens per sequence)")
+
+
+def _alpha(text: str) -> float | str:
+    """--alpha: a number, or 'auto' (the adaptive budget)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a share in (0, 1] or 'auto', got {text!r}") from None
 
 
 class _Budget(argparse.Action):
@@ -68,7 +86,8 @@ def kv_config_from(args: argparse.Namespace) -> KVConfig:
         storage_dir=args.storage_dir,
         block_tokens=args.block_tokens,
         io_threads=args.io_threads,
-        alpha=args.alpha,
+        alpha=KVConfig.alpha if args.alpha == "auto" else args.alpha,
+        top_p=DEFAULT_TOP_P if args.alpha == "auto" and args.top_p is None else args.top_p,
         score_bits=args.score_bits,
         beta=args.beta,
         sink=args.sink,

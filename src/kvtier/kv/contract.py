@@ -116,6 +116,11 @@ class KVCache(Protocol):
         """Times the cache's storage scorer process was restarted so far (0 without one)."""
         return 0
 
+    def attention_budget(self) -> dict[str, float | int | None] | None:
+        """What its sparse selection kept so far, per request (the sparse cache's `mass_kept_mean`, `mass_kept_min`,
+        `attended_share`, `guard_events`); None for a mode that attends every token or does not estimate it."""
+        return None
+
     def stored_in_place(self) -> StoredInPlace | None:
         """The document store entry's files the cache reads in place (built on a stored prefix), if any."""
         return None

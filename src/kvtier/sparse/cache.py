@@ -118,6 +118,9 @@ class SparseCache(Cache, SelectiveKVCache):
     def scorer_restarts(self) -> int:
         return self.runtime.scorer.restarts
 
+    def attention_budget(self) -> dict[str, float | int | None]:
+        return self.runtime.stats.budget_report()
+
     def sparse_view(self) -> SparseCache:
         return self
 
@@ -154,6 +157,11 @@ class SparseCache(Cache, SelectiveKVCache):
     def watch_attended(self, callback: Callable[[int, np.ndarray], None] | None) -> None:
         """Call `callback(layer_idx, positions [B, n])` with the positions each decode step attends (evaluation)."""
         self.runtime.on_attend = callback
+
+    def watch_mass(self, callback: Callable[[int, np.ndarray], None] | None) -> None:
+        """Call `callback(layer_idx, kept [B])` with the attention mass each decode step keeps, as estimated
+        (mass.py; evaluation checks it against a dense cache's)."""
+        self.runtime.on_mass = callback
 
     @property
     def stats(self) -> SparseStats:

@@ -59,9 +59,10 @@ from kvtier.sparse.hot.hit_table import HitTable
 from kvtier.sparse.hot.hot_pool import HotPool
 from kvtier.sparse.hot.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
 from kvtier.sparse.hot.initial_placement import seed_hits, selection_importance, split_hot_cold
+from kvtier.sparse.mass import TopP, exact_mass, log_normalizers, sketch_mass
 from kvtier.sparse.selection import (
-    Picks, Segment, candidate_scores, candidates_in_place, chosen_copied, chosen_in_place, exact_attention, shortlist,
-    weighs_in_place, window_segment,
+    Picks, Segment, candidate_scores, candidates_in_place, chosen_copied, chosen_in_place, cold_picks, exact_attention,
+    shortlist, shortlist_for, weighs_in_place, window_segment,
 )
 from kvtier.sparse.stats import PhaseClock
 
@@ -78,8 +79,22 @@ class Scored:
     hot_scores: torch.Tensor  # the hot tokens' importance, float32 [B, hot tokens]
     window: Segment  # the device window's logits and values
     cold_tokens: int  # cold tokens per sequence
-    cold_scores: np.ndarray | None  # the scorer's sketch scores, float32 [B, cold_tokens]; None where read ahead
+    # the scorer's sketch scores, float32 [B, cold_tokens]; where read ahead, those under the predicted query (the
+    # mass estimate's unread tokens take them)
+    cold_scores: np.ndarray
     read_ahead: Fetched | None  # the candidates the lookahead had scored and read; None where it had not
+    scaling: float  # the attention's logit scale
+    softcap: float | None  # the model's logit softcap, if any
+
+
+@dataclass(slots=True)
+class Choice:
+    """A decode step's picks, with the attention mass each sequence keeps, estimated (mass.py), [B], and whether
+    the top-p budget's guard lifted its ceiling, [B]."""
+
+    picks: Picks
+    kept: np.ndarray
+    guarded: np.ndarray
 
 
 class SparseLayer(WindowedLayer):
@@ -200,26 +215,33 @@ class SparseLayer(WindowedLayer):
         if self.device.type == "cuda":  # the model's queued kernels finish here, not in this layer's first phase
             torch.cuda.synchronize(self.device)
         clock = PhaseClock()
-        scored = self._score(query, clock)
+        scaling = kwargs.get("scaling")
+        scored = self._score(query, query.shape[-1] ** -0.5 if scaling is None else scaling, kwargs.get("softcap"),
+                             clock)
         candidates = scored.read_ahead
         if candidates is None:  # not read ahead by the lookahead: the layer draws up and reads its own
             candidates = self._fetch(self._select(scored, clock), clock)
-        output, picks, candidate_scores = self._attend(query, scored, candidates, attention_mask, kwargs, clock)
-        self._migrate(picks, scored.hot_scores, candidate_scores, candidates, clock)
+        output, choice, candidate_scores = self._attend(query, scored, candidates, attention_mask, clock)
+        self._migrate(choice.picks, scored.hot_scores, candidate_scores, candidates, clock)
         step = self.stats.current
         if step is not None:
             step.add_layer(clock, scored.read_ahead is not None, len(query), self.hot.used, scored.cold_tokens,
-                           picks.hot_count, picks.cold_count, candidates.nbytes)
+                           choice.picks.hot_count, choice.picks.cold_count, candidates.nbytes)
+            step.add_mass(choice.kept, int(choice.guarded.sum()))
+        if self.runtime.on_mass is not None:
+            self.runtime.on_mass(self.layer_idx, choice.kept)
         return output, None
 
-    def _score(self, query: torch.Tensor, clock: PhaseClock) -> Scored:
+    def _score(self, query: torch.Tensor, scaling: float, softcap: float | None, clock: PhaseClock) -> Scored:
         """Score: the query goes to the storage scorer, which scores the cold pool's sketches, while the host scores
         the hot pool by exact q.k and builds the window's logits; then the wait for the scorer's scores. Where the
         lookahead had the scorer score this layer's cold pool ahead and read the best candidates, it hands those over
         instead (`read_ahead`) and no request goes out."""
         lookahead = self.lookahead
         read_ahead = lookahead.candidates_for(self, clock) if lookahead is not None else None
-        if read_ahead is None:
+        if read_ahead is not None:
+            cold_scores = self.scorer.answered_scores()
+        else:
             self.cold.settle(self.tier)  # last step's moves of this layer: normally on disk long since
         clock.lap("settle")
         cold_tokens = int(self.cold.used[self.tier])
@@ -236,17 +258,30 @@ class SparseLayer(WindowedLayer):
         clock.lap("hot scores")
         window = window_segment(grouped.to(self.device), self.keys, self.values, self.window_positions)
         clock.lap("window")
-        cold_scores = None
         if read_ahead is None:  # the wait for the scorer's answer is scoring
             cold_scores = self.scorer.scores() if cold_tokens else np.empty((len(query), 0), dtype=np.float32)
             clock.lap("cold scores")
-        return Scored(grouped, hot_dots, hot_scores, window, cold_tokens, cold_scores, read_ahead)
+        return Scored(grouped, hot_dots, hot_scores, window, cold_tokens, cold_scores, read_ahead, scaling, softcap)
 
     def _select(self, scored: Scored, clock: PhaseClock) -> list[np.ndarray]:
         """Select: the cold slots to read per sequence, the shortlist the sketch scores draw up against the hot
-        scores (selection.shortlist: `candidate_margin` x the cold tokens they would pick)."""
-        slots = shortlist(scored.hot_scores.numpy(), scored.cold_scores, self.settings.alpha,
-                          self.settings.candidate_margin, self.candidates_needed(scored.cold_tokens))
+        scores (selection.shortlist: `candidate_margin` x the cold tokens they would pick). With the top-p budget
+        the cold picks are those of the count that budget gives on the estimated masses (hot exact, cold by
+        their sketch scores)."""
+        settings, least = self.settings, self.candidates_needed(scored.cold_tokens)
+        budget = TopP.of(settings)
+        if budget is None:
+            slots = shortlist(scored.hot_scores.numpy(), scored.cold_scores, settings.alpha,
+                              settings.candidate_margin, least)
+        else:
+            log_z = log_normalizers([scored.window.logits.cpu(), scored.hot_dots], scored.cold_scores,
+                                    scored.scaling, scored.softcap, settings.aggregation)
+            hot = exact_mass(scored.hot_dots, log_z, scored.scaling, scored.softcap)
+            cold = sketch_mass(scored.cold_scores, log_z, scored.scaling, scored.softcap, settings.aggregation)
+            window = exact_mass(scored.window.logits.cpu(), log_z, scored.scaling, scored.softcap).sum(axis=1)
+            counts, _ = budget.counts(window, np.concatenate([hot, cold], axis=1), self.hot.used + scored.cold_tokens)
+            picked = cold_picks(hot, cold, int(counts.max(initial=0)))
+            slots = shortlist_for(scored.cold_scores, picked, settings.candidate_margin, least)
         clock.lap("choice")
         return slots
 
@@ -262,22 +297,21 @@ class SparseLayer(WindowedLayer):
         return candidates
 
     def _attend(self, query: torch.Tensor, scored: Scored, candidates: Fetched, attention_mask: torch.Tensor | None,
-                kwargs: dict, clock: PhaseClock) -> tuple[torch.Tensor, Picks, torch.Tensor]:
-        """Attend: the top-alpha of hot pool and `candidates` by exact q.k, and one softmax over the window, the
-        chosen hot tokens and the chosen candidates (selection.py); the evaluation watcher is told the positions.
-        Returns the output [B, 1, Hq, D] in the query's dtype, the picks and the candidates' scores [B, width]."""
-        picks, candidate_scores, cold = self._pick_among(candidates, scored.grouped, scored.hot_scores,
-                                                         scored.cold_tokens)
+                clock: PhaseClock) -> tuple[torch.Tensor, Choice, torch.Tensor]:
+        """Attend: the top-alpha (or top-p) of hot pool and `candidates` by exact q.k, and one softmax over the
+        window, the chosen hot tokens and the chosen candidates (selection.py); the evaluation watcher is told the
+        positions. Returns the output [B, 1, Hq, D] in the query's dtype, the choice and the candidates' scores
+        [B, width]."""
+        choice, candidate_scores, cold = self._pick_among(candidates, scored)
         clock.lap("choice")
+        picks = choice.picks
         hot = self._hot_segment(scored.hot_dots, picks)
         clock.lap("hot segment")
-        scaling = kwargs.get("scaling")
-        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-        output = exact_attention([scored.window, hot, cold], query, scaling, attention_mask, kwargs.get("softcap"))
+        output = exact_attention([scored.window, hot, cold], query, scored.scaling, attention_mask, scored.softcap)
         clock.lap("softmax")
         if self.runtime.on_attend is not None:
             self._report_attended(picks.positions)
-        return output, picks, candidate_scores
+        return output, choice, candidate_scores
 
     def _migrate(self, picks: Picks, hot_scores: torch.Tensor, candidate_scores: torch.Tensor, candidates: Fetched,
                  clock: PhaseClock) -> None:
@@ -297,29 +331,62 @@ class SparseLayer(WindowedLayer):
         clock.lap("after")
 
     def candidates_needed(self, cold_tokens: int) -> int:
-        """Candidates a sequence needs for the hot pool and them to hold the top-alpha share of the whole pool."""
-        return max(0, math.ceil(self.settings.alpha * (self.hot.used + cold_tokens)) - self.hot.used)
+        """Candidates a sequence needs for the hot pool and them to hold the share of the whole pool a step takes
+        at the least: alpha, or the top-p budget's floor."""
+        settings = self.settings
+        share = settings.alpha if settings.top_p is None else settings.min_share
+        return max(0, math.ceil(share * (self.hot.used + cold_tokens)) - self.hot.used)
 
-    def _pick_among(self, candidates: Fetched, grouped: torch.Tensor, hot_scores: torch.Tensor,
-                    cold_count: int) -> tuple[Picks, torch.Tensor, Segment]:
-        """The top-alpha of hot pool + the cold candidates read (prefetched or the shortlist's), scored with this
-        layer's query on their full-precision keys. Returns the picks (the cold ones as rows of `candidates`), the
-        candidates' scores [B, width], and the candidates as a segment (the unchosen masked). Their K/V are not copied
-        out on the CPU: the weighted sum reads the values where the reads landed, and only a promotion copies
-        (`_apply_swaps`)."""
+    def _pick_among(self, candidates: Fetched, scored: Scored) -> tuple[Choice, torch.Tensor, Segment]:
+        """The top-alpha (or top-p) of hot pool + the cold candidates read (prefetched or the shortlist's), scored
+        with this layer's query on their full-precision keys. Returns the choice (the cold picks as rows of
+        `candidates`, the mass kept), the candidates' scores [B, width], and the candidates as a segment (the
+        unchosen masked). Their K/V are not copied out on the CPU: the weighted sum reads the values where the reads
+        landed, and only a promotion copies (`_apply_swaps`)."""
         counts = candidates.counts
         positions = np.zeros((len(counts), candidates.keys.shape[2]), dtype=np.int64)
         for seq, slots in enumerate(candidates.slots):
             positions[seq, : len(slots)] = self.cold.positions[self.tier][seq][slots]
-        dots, scores = candidate_scores(grouped, candidates.keys, counts, self.settings.aggregation)
-        picks = Picks.top(hot_scores, scores, self.hot.positions[:, : self.hot.used], positions,
-                          self.settings.alpha, pooled=hot_scores.shape[1] + cold_count)
+        dots, scores = candidate_scores(scored.grouped, candidates.keys, counts, self.settings.aggregation)
+        choice = self._choose(scored, candidates.slots, dots, scores, positions)
+        picks = choice.picks
         dots.masked_fill_(torch.from_numpy(~picks.cold_chosen)[:, None, None, :], float("-inf"))
         if self.device.type == "cpu" and weighs_in_place(candidates.values, dots.shape[2]):
             segment = candidates_in_place(dots, candidates.values, positions, counts)
         else:
             segment = Segment(dots, candidates.values, positions).to(self.device)
-        return picks, scores, segment
+        return choice, scores, segment
+
+    def _choose(self, scored: Scored, read: list[np.ndarray], dots: torch.Tensor, scores: torch.Tensor,
+                positions: np.ndarray) -> Choice:
+        """The picks among hot pool and the candidates read (`read`: their slots; `dots` [B, Hkv, G, width] and
+        `scores` [B, width] their exact q.k and importance, -inf where padding; `positions` theirs), with the
+        estimated mass each sequence keeps (mass.py: exact for window, hot pool and candidates, the unread cold
+        tokens by their sketch scores). Fixed share: the top-alpha by importance; top-p budget: the budget's count
+        by estimated mass."""
+        settings = self.settings
+        unread = scored.cold_scores.copy()
+        for seq, slots in enumerate(read):
+            unread[seq, slots[slots < unread.shape[1]]] = -np.inf
+        window_logits = scored.window.logits.cpu()
+        log_z = log_normalizers([window_logits, scored.hot_dots, dots], unread, scored.scaling, scored.softcap,
+                                settings.aggregation)
+        hot = exact_mass(scored.hot_dots, log_z, scored.scaling, scored.softcap)
+        cold = np.where(np.isfinite(scores.numpy()), exact_mass(dots, log_z, scored.scaling, scored.softcap), -np.inf)
+        window = exact_mass(window_logits, log_z, scored.scaling, scored.softcap).sum(axis=1)
+        hot_positions = self.hot.positions[:, : self.hot.used]
+        budget = TopP.of(settings)
+        if budget is None:
+            picks = Picks.top(scored.hot_scores, scores, hot_positions, positions, settings.alpha,
+                              pooled=self.hot.used + scored.cold_tokens)
+            guarded = np.zeros(len(window), dtype=bool)
+        else:
+            counts, guarded = budget.counts(window, np.concatenate([hot, cold], axis=1),
+                                            self.hot.used + scored.cold_tokens)
+            picks = Picks.ranked(hot, cold, hot_positions, positions, int(counts.max(initial=0)))
+        masses = np.concatenate([hot, np.where(np.isfinite(cold), cold, 0.0)], axis=1)
+        kept = window + np.take_along_axis(masses, picks.chosen, axis=1).sum(axis=1)
+        return Choice(picks, kept, guarded)
 
     def _hot_segment(self, hot_dots: torch.Tensor, picks: Picks) -> Segment:
         """The chosen hot tokens: attended where they lie when the host computes, else copied to the device."""

@@ -325,6 +325,7 @@ class Lookahead:
         if cold_tokens < self.min_cold:
             return False
         counts = candidate_counts(self.margin, target.cold_picked, cold_tokens, target.candidates_needed(cold_tokens))
+        counts = np.minimum(counts, self.scorer.channel.spec.candidates)  # past a guard's lifted ceiling: the room
         self.start(target.tier, query(), cold_tokens, counts, next_step)
         return True
 
@@ -367,11 +368,12 @@ class Lookahead:
             self.forecast.close()
 
 
-def candidate_capacity(alpha: float, margin: float, max_tokens: int) -> int:
+def candidate_capacity(share: float, margin: float, max_tokens: int) -> int:
     """The most candidates the lookahead asks for per sequence (selection.candidate_counts) in a pool of up to
-    `max_tokens` tokens: a layer picks at most ceil(alpha x pooled) cold tokens, and needs at most that many
-    candidates."""
-    return min(max_tokens, max(MIN_CANDIDATES, math.ceil(margin * math.ceil(alpha * max_tokens))))
+    `max_tokens` tokens: a layer picks at most ceil(share x pooled) cold tokens (`share`: alpha, or the top-p
+    budget's ceiling; past it, where the guard lifted the ceiling, the ask is cut to this room), and needs at most
+    that many candidates."""
+    return min(max_tokens, max(MIN_CANDIDATES, math.ceil(margin * math.ceil(share * max_tokens))))
 
 
 def is_predicted(next_tier: int, layer_idx: int, next_layer_idx: int, skip: int) -> bool:

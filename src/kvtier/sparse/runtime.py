@@ -49,9 +49,10 @@ class SparseRuntime:
         self.stats = SparseStats()
         self.plan: Plan | None = None
         self.on_attend: Callable[[int, np.ndarray], None] | None = None  # see SparseCache.watch_attended
+        self.on_mass: Callable[[int, np.ndarray], None] | None = None  # see SparseCache.watch_mass
         self.rates: Throughputs | None = None
         q_per_head = 1 if settings.aggregation == "sum" else self.group
-        candidates = candidate_capacity(settings.alpha, settings.candidate_margin, max_tokens) \
+        candidates = candidate_capacity(settings.most_share, settings.candidate_margin, max_tokens) \
             if settings.lookahead else 0
         self.channel = Channel.create(ChannelSpec(batch, tiered, heads, q_per_head, head_dim, max_tokens,
                                                   kv_record_bytes(heads, head_dim, dtype), candidates))

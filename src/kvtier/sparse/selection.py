@@ -67,7 +67,14 @@ class Picks:
         hot, cold = hot_scores.numpy(), cold_scores.numpy()
         scored = hot.shape[1] + cold.shape[1]
         pooled = scored if pooled is None else pooled
-        chosen = ops.top_share(hot, count=min(math.ceil(alpha * pooled), scored), more=cold)
+        return cls.ranked(hot, cold, hot_positions, cold_positions, min(math.ceil(alpha * pooled), scored))
+
+    @classmethod
+    def ranked(cls, hot: np.ndarray, cold: np.ndarray, hot_positions: np.ndarray, cold_positions: np.ndarray,
+               count: int) -> Picks:
+        """The `count` best of hot [B, Nh] and cold [B, Nc] tokens per sequence by the ranks given (scores, or the
+        top-p budget's estimated masses), positions as `top` takes them."""
+        chosen = ops.top_share(hot, count=count, more=cold)
         hot_counts, padded_hot, positions, cold_chosen = ops.split_chosen(chosen, positions=hot_positions,
                                                                           more_positions=cold_positions)
         return cls(chosen, hot_counts, hot.shape[1], padded_hot, positions, cold_chosen)
@@ -112,9 +119,19 @@ def shortlist(hot_scores: np.ndarray, cold_scores: np.ndarray, alpha: float, mar
     """Per sequence, the cold slots (ascending) to read and rank exactly: the best by their sketch scores
     (`cold_scores` [B, Nc]), `candidate_counts` of how many the top-alpha over them and the hot scores [B, Nh]
     would take from the cold pool."""
-    scores = np.concatenate([hot_scores, cold_scores], axis=1)
-    chosen = ops.top_share(scores, count=min(math.ceil(alpha * scores.shape[1]), scores.shape[1]))
-    picked = (chosen >= hot_scores.shape[1]).sum(axis=1)
+    scored = hot_scores.shape[1] + cold_scores.shape[1]
+    picked = cold_picks(hot_scores, cold_scores, min(math.ceil(alpha * scored), scored))
+    return shortlist_for(cold_scores, picked, margin, least)
+
+
+def cold_picks(hot: np.ndarray, cold: np.ndarray, count: int) -> np.ndarray:
+    """How many cold tokens each sequence's best `count` of hot [B, Nh] and cold [B, Nc] ranks are, [B]."""
+    return (ops.top_share(hot, count=count, more=cold) >= hot.shape[1]).sum(axis=1)
+
+
+def shortlist_for(cold_scores: np.ndarray, picked: np.ndarray, margin: float, least: int) -> list[np.ndarray]:
+    """Per sequence, its best cold slots (ascending) by sketch score (`cold_scores` [B, Nc]), `candidate_counts` of
+    its cold picks `picked` [B] many."""
     counts = candidate_counts(margin, picked, cold_scores.shape[1], least)
     return [ops.top_share(row[None], count=int(count))[0] for row, count in zip(cold_scores, counts)]
 

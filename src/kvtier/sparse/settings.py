@@ -9,11 +9,21 @@ from kvtier.sparse.hot.migration import POLICIES
 from kvtier.sparse.cold.sketch import AGGREGATIONS, SCORE_BITS
 
 
+DEFAULT_TOP_P = 0.9  # `--alpha auto`'s attention mass (docs/decisions.md: chosen from the RULER-style suite)
+
+
 @dataclass(frozen=True)
 class SparseSettings:
     """HillInfer parameters. Tokens counts are per layer and sequence."""
 
     alpha: float = 0.2  # importance rate: fraction of pooled (hot + cold) tokens attended per step (paper: 20%)
+    # Adaptive budget (mass.py): with `top_p` set, each layer and step keeps the fewest tokens whose estimated
+    # attention mass reaches it, between `min_share` and `max_share` of the pooled tokens; where the mass at that
+    # count is under `guard_mass`, the ceiling is lifted (up to every token scored). alpha then only plans (APP).
+    top_p: float | None = None
+    min_share: float = 0.02
+    max_share: float = 0.3
+    guard_mass: float = 0.8
     score_bits: int = 4  # sketch precision: they only draw up the cold shortlist, exact scores choose
     beta: float | None = None  # hot/cold split Mc/Ms; None: APP chooses it (planner.py)
     sink: int = 4  # first tokens always attended (attention sinks): the first holds their mass, 4 insure others
@@ -50,6 +60,11 @@ class SparseSettings:
     def validated(self) -> SparseSettings:
         if not 0.0 < self.alpha <= 1.0:
             raise ConfigError(f"{setting('alpha')} must be in (0, 1], got {self.alpha}")
+        if self.top_p is not None and not (0.0 < self.top_p <= 1.0 and 0.0 <= self.min_share <= self.max_share <= 1.0
+                                           and 0.0 <= self.guard_mass <= self.top_p):
+            raise ConfigError(f"{setting('top_p')} must be in (0, 1], 0 <= min_share <= max_share <= 1 and "
+                              f"0 <= guard_mass <= top_p, got {self.top_p}, {self.min_share}, {self.max_share} and "
+                              f"{self.guard_mass}")
         if self.score_bits not in SCORE_BITS:
             raise ConfigError(f"{setting('score_bits')} must be one of {', '.join(map(str, SCORE_BITS))}, got {self.score_bits}")
         if self.beta is not None and self.beta < 0:
@@ -68,6 +83,12 @@ class SparseSettings:
             raise ConfigError(f"candidate_margin must be >= 1, lookahead_skip and lookahead_min_cold >= 1, got "
                               f"{self.candidate_margin}, {self.lookahead_skip} and {self.lookahead_min_cold}")
         return self
+
+
+    @property
+    def most_share(self) -> float:
+        """The largest share of the pooled tokens a step plans to attend (the guard aside)."""
+        return self.alpha if self.top_p is None else max(self.alpha, self.max_share)
 
 
 def parse_beta(text: str | float | None) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,10 @@ class StepStats:
     demotions: int = 0
     lookahead_layers: int = 0  # layers whose cold candidates were prefetched with a predicted query
     unpredicted_fetch_s: float = 0.0  # the part of fetch_s spent in the other layers (their reads on the critical path)
+    mass_kept: float = 0.0  # estimated attention mass kept (mass.py), summed over layers and sequences
+    mass_samples: int = 0  # the layers x sequences summed into mass_kept
+    mass_min: float = 1.0  # the least of them
+    guard_events: int = 0  # layers x sequences whose top-p ceiling the guard lifted
 
     def add_layer(self, clock: PhaseClock, read_ahead: bool, batch: int, hot_tokens: int, cold_tokens: int,
                   chosen_hot: int, chosen_cold: int, fetched_bytes: int) -> None:
@@ -79,6 +84,14 @@ class StepStats:
         self.pooled_cold += cold_tokens * batch
         self.cold_bytes_fetched += fetched_bytes
         self.lookahead_layers += read_ahead
+
+
+    def add_mass(self, kept: Sequence[float], guard_events: int) -> None:
+        """Add one tiered layer's estimated mass kept per sequence and its guard events."""
+        self.mass_kept += float(sum(kept))
+        self.mass_samples += len(kept)
+        self.mass_min = min(self.mass_min, *map(float, kept))
+        self.guard_events += guard_events
 
 
 class PhaseClock:
@@ -138,3 +151,15 @@ class SparseStats:
             return {}
         fields = [name for name in asdict(steps[0]) if name != "step"]
         return {name: sum(getattr(step, name) for step in steps) / len(steps) for name in fields}
+
+    def budget_report(self) -> dict[str, float | int | None]:
+        """Over every decode step so far: the mean and the least estimated attention mass kept (over layers and
+        sequences), the share of pooled tokens attended, the guard events (None where no step was recorded)."""
+        steps = [step for step in self.steps if step.mass_samples]
+        samples = sum(step.mass_samples for step in steps)
+        pooled = sum(step.pooled_hot + step.pooled_cold for step in steps)
+        return {"mass_kept_mean": sum(step.mass_kept for step in steps) / samples if samples else None,
+                "mass_kept_min": min((step.mass_min for step in steps), default=None),
+                "attended_share": sum(step.selected_hot + step.selected_cold for step in steps) / pooled
+                if pooled else None,
+                "guard_events": sum(step.guard_events for step in steps)}

@@ -91,6 +91,7 @@ class ScorerClient:
         self._request_fd = self._response_fd = -1
         self._request_id = 0
         self._pending: deque[Pending] = deque()  # requests not answered yet, oldest first
+        self._answered: Request | None = None  # the request answered last
         self._fallback: StorageScorer | None = None
         self._start()
 
@@ -140,6 +141,14 @@ class ScorerClient:
         slots = [channel.found_slots[area, seq, :count] for seq, count in enumerate(counts)]
         return slots, channel.found_records[area, :, : max(counts)], channel.found_bytes[area].copy()
 
+    def answered_scores(self) -> np.ndarray:
+        """The sketch scores of the request answered last (a candidates request's too), float32 [batch,
+        cold_tokens] (a copy); to be taken before AREAS more requests."""
+        request = self._answered
+        if request is None:
+            raise RuntimeError("no request answered yet")
+        return self.channel.results["score"][request.area, :, : request.cold_tokens].copy()
+
     def _answer(self) -> Request:
         """Wait for the oldest request's answer; do what the scorer did not, on the host."""
         if not self._pending:
@@ -147,6 +156,7 @@ class ScorerClient:
         pending = self._pending.popleft()
         if not (pending.sent and self._response(pending.request.id) == STATUS_OK):
             self._recover(pending.request)
+        self._answered = pending.request
         return pending.request
 
     def round_trip_s(self, repeats: int = 200, pause_s: float = 0.005) -> float:

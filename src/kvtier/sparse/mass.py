@@ -1,0 +1,111 @@
+"""The attention mass a selection keeps, estimated per decode step, and the top-p budget that chooses by it.
+
+A decode step attends the window plus a choice of pooled tokens. The share of the softmax's mass those tokens
+hold is, per query head h, sum over the attended j of exp(s l_hj) / Z_h, with Z_h summed over *every* token of
+the layer; the step's figure is its mean over the query heads (as `bench accuracy`'s attention-mass recall
+measures it against a dense cache). The host knows most terms exactly: the window's logits, the hot pool's q.k
+(the hot scores are the logits) and the cold candidates' q.k once read. The cold tokens not read are known only
+by their sketch scores, a token's importance summed (or maxed) over the query heads: each is taken to have the
+mean logit l = importance / query heads ("sum"; "max": the importance itself) in every head. That is the one
+estimate in the figure; with every cold token read it is exact. By Jensen's inequality the mean logit
+underweighs a token whose heads disagree, so the estimate leans high when unread tokens matter
+(`bench accuracy` measures the error).
+
+The top-p budget (Twilight's answer to a fixed top-k, "Twilight: Adaptive Attention Sparsity with Hierarchical
+Top-p Pruning") keeps, per sequence, the smallest set of scored tokens whose estimated mass, with the window's,
+reaches P: the tokens by falling mass, as many as the running sum needs. The count is clamped between a floor
+and a ceiling share of the pooled tokens. The guard: where the mass at that count is still under `guard` (the
+scores too flat for the ceiling to hold P), the ceiling is lifted and the step takes as many as reaching P needs,
+up to all it scored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class TopP:
+    """A top-p budget: mass `p` to keep, count between `floor` and `ceiling` shares of the pooled tokens, `guard`
+    the estimated mass under which the ceiling is lifted."""
+
+    p: float
+    floor: float
+    ceiling: float
+    guard: float
+
+    @classmethod
+    def of(cls, settings) -> TopP | None:
+        """The budget of SparseSettings `settings`, or None where they attend the fixed share alpha."""
+        if settings.top_p is None:
+            return None
+        return cls(settings.top_p, settings.min_share, settings.max_share, settings.guard_mass)
+
+    def counts(self, window_mass: np.ndarray, masses: np.ndarray, pooled: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per sequence, how many of its scored tokens to keep, and whether the guard lifted the ceiling.
+
+        Args:
+            window_mass: [B] the window's estimated mass (always attended).
+            masses: [B, n] each scored token's estimated mass (padding: -inf or 0).
+            pooled: the pool's tokens per sequence, of which floor and ceiling are shares (n may be fewer).
+        Returns:
+            int64 [B] counts (0 to n), bool [B] guard events.
+        """
+        real = np.isfinite(masses)
+        scored = real.sum(axis=1)  # per sequence: the padding is no token
+        ordered = -np.sort(-np.where(real, masses, 0.0), axis=1)
+        running = window_mass[:, None] + np.cumsum(ordered, axis=1)
+        reaching = np.minimum((running < self.p).sum(axis=1) + 1, scored)
+        least = np.minimum(math.ceil(self.floor * pooled), scored)
+        most = np.minimum(max(math.ceil(self.ceiling * pooled), math.ceil(self.floor * pooled)), scored)
+        clamped = np.clip(reaching, least, most)
+        at_count = np.take_along_axis(running, np.maximum(clamped - 1, 0)[:, None], axis=1)[:, 0] \
+            if masses.shape[1] else window_mass
+        kept = np.where(clamped > 0, at_count, window_mass)
+        guarded = (kept < self.guard) & (reaching > clamped)
+        return np.where(guarded, reaching, clamped).astype(np.int64), guarded
+
+
+def log_normalizers(exact: list[torch.Tensor], unread: np.ndarray | None, scaling: float, softcap: float | None,
+                    aggregation: str) -> torch.Tensor:
+    """log Z per sequence and query head [B, Hkv, G]: over the `exact` raw logits (each [B, Hkv, G, n]; -inf:
+    no token) and the unread cold tokens' sketch scores `unread` [B, m] (-inf: read or no token), at their mean
+    logit."""
+    parts = [_scaled(logits, scaling, softcap) for logits in exact if logits.shape[3]]
+    exact_log = torch.logsumexp(torch.cat(parts, dim=3), dim=3)
+    if unread is None or not unread.shape[1]:
+        return exact_log
+    heads = exact_log.shape[1] * exact_log.shape[2]
+    sketch = _scaled(torch.from_numpy(_mean_logits(unread, heads, aggregation)), scaling, softcap)
+    return torch.logaddexp(exact_log, torch.logsumexp(sketch, dim=1)[:, None, None])
+
+
+def exact_mass(logits: torch.Tensor, log_z: torch.Tensor, scaling: float, softcap: float | None) -> np.ndarray:
+    """Each token's mass, the mean over query heads [B, n], from its raw logits [B, Hkv, G, n] (-inf: mass 0)."""
+    scaled = _scaled(logits, scaling, softcap)
+    return scaled.sub_(log_z[..., None]).exp_().mean(dim=(1, 2)).numpy()
+
+
+def sketch_mass(scores: np.ndarray, log_z: torch.Tensor, scaling: float, softcap: float | None,
+                aggregation: str) -> np.ndarray:
+    """Each cold token's estimated mass [B, m] from its sketch score [B, m], at its mean logit in every head."""
+    heads = log_z.shape[1] * log_z.shape[2]
+    logits = _scaled(torch.from_numpy(_mean_logits(scores, heads, aggregation)), scaling, softcap)
+    per_head = torch.logsumexp(-log_z.flatten(1), dim=1) - math.log(heads)  # log mean over heads of 1 / Z_h
+    return logits.add_(per_head[:, None]).exp_().numpy()
+
+
+def _mean_logits(scores: np.ndarray, heads: int, aggregation: str) -> np.ndarray:
+    """A token's logit in each head, estimated from its importance over the `heads` query heads."""
+    scores = np.ascontiguousarray(scores, dtype=np.float32)
+    return scores / heads if aggregation == "sum" else scores.copy()
+
+
+def _scaled(logits: torch.Tensor, scaling: float, softcap: float | None) -> torch.Tensor:
+    """The attention's logits from raw q.k: the scaling, then the softcap where the model has one (a new tensor)."""
+    scaled = logits.float() * scaling
+    return torch.tanh(scaled / softcap).mul_(softcap) if softcap else scaled
