@@ -10,6 +10,7 @@ whether the answer equals dense's (kvtier.eval.sparse.generate_bench says how). 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
@@ -81,5 +82,6 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_model(args.model, dtype=args.dtype).tokenizer  # the documents are cut in the model's tokens
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-generate-") as directory:
         documents = write_documents(tokenizer, bench.corpora, bench.context, Path(directory))
-        write_results(run_generate_benchmark(bench, documents), args.out)
+        write_results(run_generate_benchmark(bench, documents, on_run=lambda line: print(line, file=sys.stderr)),
+                      args.out)
     return 0

@@ -90,8 +90,10 @@ def write_documents(tokenizer, corpora: tuple[str, ...], tokens: int, directory:
 
 
 def run_generate_benchmark(bench: GenerateBench, documents: dict[str, Path], runner: Runner = subprocess_runner,
-                           drop: Callable[[], bool] = drop_page_cache) -> dict:
-    """Every corpus's document through every mode in alternating rounds; the result record."""
+                           drop: Callable[[], bool] = drop_page_cache,
+                           on_run: Callable[[str], object] = lambda line: None) -> dict:
+    """Every corpus's document through every mode in alternating rounds; the result record. `on_run` gets a line
+    per timed run as it ends (corpus, mode, round, ms/token)."""
     result = {"model": bench.model, "dtype": bench.dtype, "context": bench.context, "modes": list(bench.modes),
               "max_new_tokens": bench.max_new_tokens, "device_kv_budget": bench.device_kv_budget,
               "host_kv_budget": bench.host_kv_budget, "rounds": bench.rounds, "first_steps": bench.first_steps,
@@ -99,10 +101,11 @@ def run_generate_benchmark(bench: GenerateBench, documents: dict[str, Path], run
     for corpus, document in documents.items():
         stored = [runner(_argv(bench, document, mode, max_new_tokens=1)) for mode in _storing_modes(bench.modes)]
         runs: dict[str, list[dict]] = {mode: [] for mode in bench.modes}
-        for _ in range(bench.rounds):
+        for round_number in range(1, bench.rounds + 1):
             for mode in bench.modes:
                 dropped = drop()
                 runs[mode].append(_run_summary(runner(_argv(bench, document, mode)), bench.first_steps, dropped))
+                on_run(f"{corpus} {mode} round {round_number}: {runs[mode][-1]['ms_per_token']:.1f} ms/token")
         result["corpora"][corpus] = {"document_tokens": bench.context, "store_run_prefill_s": stored[0]["prefill_s"],
                                      "runs": runs}
     return result
