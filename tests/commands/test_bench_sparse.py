@@ -73,6 +73,19 @@ def test_lookahead_both_runs_the_sparse_path_with_and_without_it(tiny_model_dir,
     assert text.count("0.0 layers per step took prefetched candidates, the others spent") == 2
 
 
+def test_top_p_runs_the_adaptive_budget_beside_the_fixed_share_in_the_same_rounds(tiny_model_dir, tmp_path):
+    assert _bench(tiny_model_dir, tmp_path, "--repeats", "2", "--policies", "hit", "--top-p", "0.9",
+                  "--skip-dense") == 0
+    result = json.loads((tmp_path / "out" / f"sparse-{tiny_model_dir.name}-320-b2.json").read_text())
+    assert list(result["modes"]) == ["offload", "sparse-hit", "sparse-hit-top-p"] and result["top_p"] == 0.9
+    for row in (result["modes"]["sparse-hit"], result["modes"]["sparse-hit-top-p"]):
+        assert 0 < row["mass_kept"] <= 1 + 1e-6 and 0 < row["attended_share"] <= 1
+    assert len(result["round_ratios"]["sparse-hit-top-p"]) == 2
+    text = (tmp_path / "out" / f"sparse-{tiny_model_dir.name}-320-b2.md").read_text()
+    assert "sparse-hit-top-p (top-p 0.9) vs sparse-hit (alpha 0.2): estimated mass kept" in text
+    assert "x sparse-hit's (rounds " in text
+
+
 def test_a_rerun_reads_the_recorded_prompt_back_from_the_document_store(tiny_model_dir, tmp_path):
     options = ("--repeats", "1", "--policies", "hit", "--skip-dense", "--skip-offload")
     stem = tmp_path / "out" / f"sparse-{tiny_model_dir.name}-320-b2"

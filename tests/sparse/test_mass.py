@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kvtier.sparse.mass import TopP, exact_mass, log_normalizers, sketch_mass
+from kvtier.sparse.mass import TopP, estimate, sketch_mass
 
 OPEN = TopP(p=0.9, floor=0.0, ceiling=1.0, guard=0.0)  # no clamp, no guard: the bare top-p count
 
@@ -22,11 +22,12 @@ def test_the_estimate_is_the_exact_mass_where_every_logit_is_known():
     logits = torch.randn(2, 3, 2, 50, generator=gen) * 4
     window, hot, candidates = logits[..., :10], logits[..., 10:30], logits[..., 30:].clone()
     candidates[1, ..., -5:] = float("-inf")  # the second sequence's padding
-    log_z = log_normalizers([window, hot, candidates], None, 0.5, None, "sum")
     dense = _dense_mass(torch.cat([window, hot, candidates], dim=3), 0.5).numpy()
-    np.testing.assert_allclose(exact_mass(hot, log_z, 0.5, None), dense[:, 10:30], rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(exact_mass(candidates, log_z, 0.5, None), dense[:, 30:], rtol=1e-5, atol=1e-7)
-    assert exact_mass(candidates, log_z, 0.5, None)[1, -5:].tolist() == [0.0] * 5
+    (in_window, in_hot, read), _ = estimate([window, hot, candidates], None, 0.5, None, "sum")
+    np.testing.assert_allclose(in_window, dense[:, :10], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(in_hot, dense[:, 10:30], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(read, dense[:, 30:], rtol=1e-5, atol=1e-7)
+    assert read[1, -5:].tolist() == [0.0] * 5
 
 
 def test_unread_tokens_are_exact_when_their_heads_agree():
@@ -37,17 +38,17 @@ def test_unread_tokens_are_exact_when_their_heads_agree():
     agreeing = torch.randn(1, 1, 1, 15, generator=gen).mul(3).expand(1, 2, 3, 15)
     sketch = agreeing.sum(dim=(1, 2)).numpy()  # importance: summed over the 6 query heads
     dense = _dense_mass(torch.cat([exact, agreeing], dim=3), 0.7).numpy()
-    log_z = log_normalizers([exact], sketch, 0.7, None, "sum")
-    np.testing.assert_allclose(exact_mass(exact, log_z, 0.7, None), dense[:, :20], rtol=1e-5, atol=1e-7)
+    (known,), log_z = estimate([exact], sketch, 0.7, None, "sum")
+    np.testing.assert_allclose(known, dense[:, :20], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(sketch_mass(sketch, log_z, 0.7, None, "sum"), dense[:, 20:], rtol=1e-5, atol=1e-7)
 
 
 def test_a_softcap_applies_to_the_estimate_as_to_the_attention():
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(1, 2, 2, 30, generator=gen) * 20
-    log_z = log_normalizers([logits], None, 0.5, 5.0, "sum")
     capped = torch.tanh(logits * 0.5 / 5.0) * 5.0
-    np.testing.assert_allclose(exact_mass(logits, log_z, 0.5, 5.0), _dense_mass(capped, 1.0).numpy(), rtol=1e-5)
+    (masses,), _ = estimate([logits], None, 0.5, 5.0, "sum")
+    np.testing.assert_allclose(masses, _dense_mass(capped, 1.0).numpy(), rtol=1e-5)
 
 
 @settings(max_examples=300, deadline=None)

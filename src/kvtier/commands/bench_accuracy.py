@@ -50,6 +50,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, default=None, help="repeats (needles and text stretch per seed)")
     parser.add_argument("--ppl-tokens", type=int, default=None, help="teacher-forced decode steps per perplexity cell")
     parser.add_argument("--alpha", type=float, default=KVConfig.alpha, help="importance rate of the selective modes")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="the sparse mode's adaptive budget (attention mass to keep) instead of --alpha")
     parser.add_argument("--beta", default=KVConfig.beta, help="sparse hot/cold split, or 'auto' (calibrated)")
     add_run_options(parser)
     parser.set_defaults(run=run)
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # the sparse scorer process needs the other core
     llm = load_model(args.model)
     run_accuracy(llm, grid, modes, shares,
-                 AccuracyOptions(args.corpus, args.alpha, args.beta, storage_dir, args.out, args.force))
+                 AccuracyOptions(args.corpus, args.alpha, args.beta, args.top_p, storage_dir, args.out, args.force))
     return 0
 
 

@@ -67,6 +67,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--lookahead", choices=("on", "off", "both"), default="on",
                         help="run the sparse path with its lookahead, without it (rows '<mode>-no-lookahead'), or "
                              "both, alternating in each round")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="also run the sparse path with the adaptive budget at this attention mass (rows "
+                             "'<mode>-top-p'), alternating in each round")
     parser.add_argument("--skip-offload", action="store_true")
     parser.add_argument("--skip-dense", action="store_true", help="skip the dense reference row (all KV in memory)")
     parser.add_argument("--corpus", choices=("auto", *CORPUS_NAMES), default="auto", help="text for prompts")

@@ -21,7 +21,10 @@ Life of a layer:
    attend   the top-alpha of hot pool and shortlist by exact q.k is attended
             with the window, one softmax over all (selection.py); at alpha = 1
             every token is, so the output equals a dense cache up to float
-            rounding;
+            rounding. With a top-p budget (mass.py) the count is instead the
+            fewest tokens whose estimated attention mass reaches P (the
+            shortlist's reads follow it); either way the step reports the mass
+            it kept, estimated;
    migrate  off the critical path: the hit table records the step, the
             migration policy plans and makes a bounded number of swaps
             between hot and cold pool (hot/migration.py), and the tokens
@@ -59,7 +62,7 @@ from kvtier.sparse.hot.hit_table import HitTable
 from kvtier.sparse.hot.hot_pool import HotPool
 from kvtier.sparse.hot.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
 from kvtier.sparse.hot.initial_placement import seed_hits, selection_importance, split_hot_cold
-from kvtier.sparse.mass import TopP, exact_mass, log_normalizers, sketch_mass
+from kvtier.sparse.mass import TopP, estimate, sketch_mass
 from kvtier.sparse.selection import (
     Picks, Segment, candidate_scores, candidates_in_place, chosen_copied, chosen_in_place, cold_picks, exact_attention,
     shortlist, shortlist_for, weighs_in_place, window_segment,
@@ -274,12 +277,11 @@ class SparseLayer(WindowedLayer):
             slots = shortlist(scored.hot_scores.numpy(), scored.cold_scores, settings.alpha,
                               settings.candidate_margin, least)
         else:
-            log_z = log_normalizers([scored.window.logits.cpu(), scored.hot_dots], scored.cold_scores,
-                                    scored.scaling, scored.softcap, settings.aggregation)
-            hot = exact_mass(scored.hot_dots, log_z, scored.scaling, scored.softcap)
+            (window, hot), log_z = estimate([scored.window.logits.cpu(), scored.hot_dots], scored.cold_scores,
+                                            scored.scaling, scored.softcap, settings.aggregation)
             cold = sketch_mass(scored.cold_scores, log_z, scored.scaling, scored.softcap, settings.aggregation)
-            window = exact_mass(scored.window.logits.cpu(), log_z, scored.scaling, scored.softcap).sum(axis=1)
-            counts, _ = budget.counts(window, np.concatenate([hot, cold], axis=1), self.hot.used + scored.cold_tokens)
+            counts, _ = budget.counts(window.sum(axis=1), np.concatenate([hot, cold], axis=1),
+                                      self.hot.used + scored.cold_tokens)
             picked = cold_picks(hot, cold, int(counts.max(initial=0)))
             slots = shortlist_for(scored.cold_scores, picked, settings.candidate_margin, least)
         clock.lap("choice")
@@ -368,12 +370,10 @@ class SparseLayer(WindowedLayer):
         unread = scored.cold_scores.copy()
         for seq, slots in enumerate(read):
             unread[seq, slots[slots < unread.shape[1]]] = -np.inf
-        window_logits = scored.window.logits.cpu()
-        log_z = log_normalizers([window_logits, scored.hot_dots, dots], unread, scored.scaling, scored.softcap,
-                                settings.aggregation)
-        hot = exact_mass(scored.hot_dots, log_z, scored.scaling, scored.softcap)
-        cold = np.where(np.isfinite(scores.numpy()), exact_mass(dots, log_z, scored.scaling, scored.softcap), -np.inf)
-        window = exact_mass(window_logits, log_z, scored.scaling, scored.softcap).sum(axis=1)
+        (window, hot, cold), _ = estimate([scored.window.logits.cpu(), scored.hot_dots, dots], unread, scored.scaling,
+                                          scored.softcap, settings.aggregation)
+        window = window.sum(axis=1)
+        cold = np.where(np.isfinite(scores.numpy()), cold, -np.inf)
         hot_positions = self.hot.positions[:, : self.hot.used]
         budget = TopP.of(settings)
         if budget is None:

@@ -70,24 +70,22 @@ class TopP:
         return np.where(guarded, reaching, clamped).astype(np.int64), guarded
 
 
-def log_normalizers(exact: list[torch.Tensor], unread: np.ndarray | None, scaling: float, softcap: float | None,
-                    aggregation: str) -> torch.Tensor:
-    """log Z per sequence and query head [B, Hkv, G]: over the `exact` raw logits (each [B, Hkv, G, n]; -inf:
-    no token) and the unread cold tokens' sketch scores `unread` [B, m] (-inf: read or no token), at their mean
-    logit."""
-    parts = [_scaled(logits, scaling, softcap) for logits in exact if logits.shape[3]]
-    exact_log = torch.logsumexp(torch.cat(parts, dim=3), dim=3)
-    if unread is None or not unread.shape[1]:
-        return exact_log
-    heads = exact_log.shape[1] * exact_log.shape[2]
-    sketch = _scaled(torch.from_numpy(_mean_logits(unread, heads, aggregation)), scaling, softcap)
-    return torch.logaddexp(exact_log, torch.logsumexp(sketch, dim=1)[:, None, None])
-
-
-def exact_mass(logits: torch.Tensor, log_z: torch.Tensor, scaling: float, softcap: float | None) -> np.ndarray:
-    """Each token's mass, the mean over query heads [B, n], from its raw logits [B, Hkv, G, n] (-inf: mass 0)."""
-    scaled = _scaled(logits, scaling, softcap)
-    return scaled.sub_(log_z[..., None]).exp_().mean(dim=(1, 2)).numpy()
+def estimate(exact: list[torch.Tensor], unread: np.ndarray | None, scaling: float, softcap: float | None,
+             aggregation: str) -> tuple[list[np.ndarray], torch.Tensor]:
+    """Each token's mass, the mean over query heads, for every part of `exact` (raw logits [B, Hkv, G, n_i]; -inf:
+    no token, mass 0) -> [B, n_i] each; and log Z per sequence and query head [B, Hkv, G], Z summed over those
+    parts and the unread cold tokens' sketch scores `unread` [B, m] (-inf: read or no token) at their mean logit.
+    One exponential per logit: the parts are not joined."""
+    scaled = [_scaled(logits, scaling, softcap) for logits in exact]
+    peak = torch.stack([part.amax(dim=3) for part in scaled if part.shape[3]]).amax(dim=0)
+    exps = [part.sub_(peak[..., None]).exp_() for part in scaled]
+    log_z = torch.stack([part.sum(dim=3) for part in exps]).sum(dim=0).log_().add_(peak)
+    if unread is not None and unread.shape[1]:
+        heads = peak.shape[1] * peak.shape[2]
+        sketch = _scaled(torch.from_numpy(_mean_logits(unread, heads, aggregation)), scaling, softcap)
+        log_z = torch.logaddexp(log_z, torch.logsumexp(sketch, dim=1)[:, None, None])
+    share = peak.sub(log_z).exp_().div_(peak.shape[1] * peak.shape[2])  # exp(peak) / Z over the heads
+    return [torch.einsum("bhgn,bhg->bn", part, share).numpy() for part in exps], log_z
 
 
 def sketch_mass(scores: np.ndarray, log_z: torch.Tensor, scaling: float, softcap: float | None,

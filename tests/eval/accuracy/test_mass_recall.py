@@ -67,6 +67,7 @@ def test_sparse_at_alpha_one_keeps_all_attention_mass(tiny_llm, corpus_text, tmp
     result = perplexity_cell(tiny_llm, _sparse_config(tiny_llm, tmp_path, alpha=1.0), 300, 3, 0, corpus_text)
     assert result["attention_mass_recall"] == pytest.approx(1.0, abs=1e-5)
     assert set(result["recall_by_layer"]) == {0, 1}
+    assert result["mass_estimate_mae"] == pytest.approx(0.0, abs=1e-5)  # every token attended: nothing to estimate
 
 
 def test_sparse_at_small_alpha_loses_attention_mass(tiny_llm, corpus_text, tmp_path):
@@ -74,6 +75,14 @@ def test_sparse_at_small_alpha_loses_attention_mass(tiny_llm, corpus_text, tmp_p
     # The sink and recent window (4 + 16 of 300 tokens) and 5% of the rest cannot hold all of it.
     assert 0.0 < result["attention_mass_recall"] < 0.9
     assert math.isfinite(result["ppl"])
+    assert 0.0 <= result["mass_estimate_mae"] < 0.5 and abs(result["mass_estimate_bias"]) <= result["mass_estimate_mae"]
+
+
+def test_the_top_p_budgets_estimate_is_checked_against_the_dense_mass(tiny_llm, corpus_text, tmp_path):
+    config = dataclasses.replace(_sparse_config(tiny_llm, tmp_path, alpha=0.2), top_p=0.9)
+    result = perplexity_cell(tiny_llm, config, 300, 3, 0, corpus_text)
+    assert 0.0 < result["attention_mass_recall"] <= 1.0 and result["mass_estimate_mae"] is not None
+    assert perplexity_cell(tiny_llm, KVConfig(), 64, 2, 0, corpus_text)["mass_estimate_mae"] is None
 
 
 def test_sliding_window_layers_are_not_reported_and_global_layers_keep_all_mass_at_alpha_one(tiny_llm, corpus_text,

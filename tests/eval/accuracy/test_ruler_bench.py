@@ -30,6 +30,8 @@ def test_every_suite_mode_answers_every_family_and_offload_repeats_dense(tiny_ll
     for cell in cells:
         assert 0.0 <= cell["score"] <= 1.0 and cell["token_ids"] and cell["prompt_tokens"] <= CONTEXT
         assert cell["kv"] == SUITE_MODES[cell["mode"]]["kv"] and cell["alpha"] == SUITE_MODES[cell["mode"]].get("alpha")
+        assert cell["top_p"] == SUITE_MODES[cell["mode"]].get("top_p")
+        assert (cell["attention_budget"] is not None) == (cell["kv"] == "sparse")
     by_mode = {(cell["task"], cell["mode"]): cell for cell in cells}
     for task in TASKS:
         assert by_mode[task, "offload"]["token_ids"] == by_mode[task, "dense"]["token_ids"]
@@ -40,6 +42,7 @@ def test_every_suite_mode_answers_every_family_and_offload_repeats_dense(tiny_ll
     markdown = path.with_suffix(".md").read_text()
     assert "## Retention vs dense" in markdown and "| sparse-0.2 |" in markdown and "| quest |" in markdown
     assert "Exactness check: offload repeated dense's tokens on 3/3 samples." in markdown
+    assert "## Cold reads and attention kept per family" in markdown and "| sparse-auto | aggregation |" in markdown
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("a finished cell ran again")

@@ -54,6 +54,7 @@ class AccuracyOptions:
     corpus: str
     alpha: float
     beta: str | float
+    top_p: float | None  # the sparse mode's adaptive budget (None: the fixed share alpha)
     storage_dir: Path
     out: Path
     force: bool  # rerun finished cells
@@ -66,7 +67,7 @@ def run_accuracy(llm, grid: Grid, modes: list[str], shares: BudgetShares, option
     _check_contexts(llm, contexts, _reserve(grid))
     corpus = load_corpus(options.corpus, min_chars=_corpus_chars(max(contexts), grid.seeds), progress=False)
     settings = {"model": llm.name, "corpus": {"name": corpus.name, "license": corpus.license, "source": corpus.source},
-                "alpha": options.alpha, "beta": options.beta, **shares.as_dict(), "multi_needles": MULTI_NEEDLES,
+                "alpha": options.alpha, "top_p": options.top_p, "beta": options.beta, **shares.as_dict(), "multi_needles": MULTI_NEEDLES,
                 "answer_tokens": ANSWER_TOKENS, "torch_threads": 1, "cache_bypass": cache_bypass(options.storage_dir)}
     store = ResultStore(options.out / f"accuracy-{llm.name}.json", settings, options.storage_dir, force=options.force)
     store.data["grid"] = asdict(grid) | {"contexts": contexts, "modes": modes}  # this run's; seeds are the repeats
@@ -75,8 +76,9 @@ def run_accuracy(llm, grid: Grid, modes: list[str], shares: BudgetShares, option
     print(f"[bench accuracy] {llm.name}: {len(cells)} cells, {len(cells) - len(pending)} already finished",
           file=sys.stderr)
     kv_options = {"alpha": options.alpha, "beta": options.beta, "storage_dir": str(options.storage_dir)}
+    top_p = {"top_p": options.top_p} if options.top_p is not None else {}  # the sparse mode's alone
     for cell in tqdm(pending, desc="accuracy cells", unit="cell", file=sys.stderr):
-        result = run_cell(llm, cell, corpus.text, shares, **kv_options)
+        result = run_cell(llm, cell, corpus.text, shares, **kv_options, **(top_p if cell.mode == "sparse" else {}))
         store.put(cell.key, result)
         tqdm.write(_cell_line(cell, result), file=sys.stderr)
     report = markdown(store.data, list(store.cells().values()))  # every finished cell, this run's and earlier ones
@@ -214,10 +216,12 @@ def _needle_tables(summary: dict, cells: list[dict]) -> list[str]:
 def _perplexity_table(summary: dict, cells: list[dict]) -> list[str]:
     steps = {(cell["mode"], cell["context"]): cell["tokens"] for cell in cells}  # runs may differ (--ppl-tokens)
     lines = ["## Perplexity and attention-mass recall (teacher-forced decode steps)", "",
-             "| mode | context | steps | ppl | ppl - dense ppl | attention-mass recall |", "|---|---|---|---|---|---|"]
+             "| mode | context | steps | ppl | ppl - dense ppl | attention-mass recall | estimated mass's MAE |",
+             "|---|---|---|---|---|---|---|"]
     for mode, by_context in summary.items():
         for context, row in by_context.items():
             values = (spread_text(row["ppl"], ".3f"), spread_text(row["ppl_delta"], "+.3f"),
-                      spread_text(row["attention_mass_recall"], ".4f"))
+                      spread_text(row["attention_mass_recall"], ".4f"),
+                      spread_text(row.get("mass_estimate_mae"), ".4f"))
             lines.append(f"| {mode} | {context} | {steps[mode, context]} | {' | '.join(values)} |")
     return lines + ["", "Values are medians [min, max] over seeds (n = seeds)."]

@@ -47,8 +47,10 @@ def perplexity_cell(llm, kv_config: KVConfig, prefix_tokens: int, new_tokens: in
     """Teacher-forced perplexity of `new_tokens` corpus tokens after a `prefix_tokens` prefix, through `kv_config`.
 
     Returns `nll` (mean), `ppl`, the token counts, `attention_mass_recall` (mean over layers and
-    steps; 1.0 for EXACT_MODES, None for a mode that does not report what it attends) and
-    `recall_by_layer`.
+    steps; 1.0 for EXACT_MODES, None for a mode that does not report what it attends),
+    `recall_by_layer`, and for a mode that estimates the mass it kept (the sparse cache's
+    `watch_mass`) that estimate's error against the recall, per layer and step: `mass_estimate_mae`
+    (mean absolute) and `mass_estimate_bias` (mean signed); None otherwise.
     """
     check_context(llm, prefix_tokens, new_tokens)
     if corpus_text is None:
@@ -58,6 +60,7 @@ def perplexity_cell(llm, kv_config: KVConfig, prefix_tokens: int, new_tokens: in
     total = prefix_tokens + new_tokens
     nlls: list[float] = []
     recalls: dict[int, list[float]] = {}
+    errors: list[float] = []
     with torch.inference_mode(), ExitStack() as stack:
         cache = make_cache(model, kv_config, total, 1, llm.model_id)
         stack.callback(cache.close)
@@ -73,9 +76,13 @@ def perplexity_cell(llm, kv_config: KVConfig, prefix_tokens: int, new_tokens: in
             if lockstep is not None:
                 for layer, value in lockstep.step(token).items():
                     recalls.setdefault(layer, []).append(value)
+                    if layer in lockstep.estimated:
+                        errors.append(lockstep.estimated[layer] - value)
     nll = statistics.fmean(nlls)
     return {"nll": nll, "ppl": math.exp(nll), "prefix_tokens": prefix_tokens, "new_tokens": new_tokens,
-            **_recall_fields(kv_config.kv, lockstep is not None, recalls)}
+            **_recall_fields(kv_config.kv, lockstep is not None, recalls),
+            "mass_estimate_mae": statistics.fmean(map(abs, errors)) if errors else None,
+            "mass_estimate_bias": statistics.fmean(errors) if errors else None}
 
 
 def _prefill_caches(model, prefix: torch.Tensor, cache, lockstep: _DenseLockstep | None, chunk: int) -> None:
@@ -96,12 +103,16 @@ def _recall_fields(mode: str, measured: bool, recalls: dict[int, list[float]]) -
 
 
 class _DenseLockstep:
-    """A dense cache fed the same tokens as the mode's; each step returns the mode's recall per layer."""
+    """A dense cache fed the same tokens as the mode's; each step returns the mode's recall per layer. `estimated`:
+    per layer, the mass the mode's cache estimates it kept at the last step (batch 1), where it estimates one."""
 
     def __init__(self, stack: ExitStack, model, cache, max_tokens: int) -> None:
         self.model = model
         self.attended = AttendedPositions()
         cache.watch_attended(self.attended)
+        self.estimated: dict[int, float] = {}
+        if hasattr(cache, "watch_mass"):
+            cache.watch_mass(lambda layer, kept: self.estimated.__setitem__(layer, float(kept[0])))
         self.probe = stack.enter_context(DenseAttentionProbe(model))
         self.dense = make_cache(model, KVConfig(), max_tokens)
 
@@ -129,9 +140,11 @@ def perplexity_summary(cells: Iterable[dict]) -> dict[str, dict[int, dict]]:
                       for seed, cell in runs.items() if (context, seed) in dense]
             recalls = [cell["attention_mass_recall"] for cell in runs.values()
                        if cell["attention_mass_recall"] is not None]
+            errors = [cell["mass_estimate_mae"] for cell in runs.values() if cell.get("mass_estimate_mae") is not None]
             summary.setdefault(mode, {})[context] = {
                 "ppl": spread([cell["ppl"] for cell in runs.values()]),
                 "ppl_delta": spread(deltas) if deltas else None,
                 "attention_mass_recall": spread(recalls) if recalls else None,
+                "mass_estimate_mae": spread(errors) if errors else None,
             }
     return summary

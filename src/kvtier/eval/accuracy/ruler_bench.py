@@ -132,14 +132,16 @@ def run_cell(llm, cell: RulerCell, sample: RulerSample, recording: RecordedPromp
                 tokens = greedy_tokens(llm, cache, logits, sample.answer_tokens, _names_all(llm, sample))
                 decode_s = time.perf_counter() - started
             read = cache.io_stats().bytes_read
+            budget = cache.attention_budget()
         finally:
             cache.close()
     answer = llm.tokenizer.decode(tokens, skip_special_tokens=True)
     return asdict(cell) | {
-        "family": family(cell.task), "kv": kv, "alpha": kv_config.alpha if kv not in ("dense", "offload") else None,
+        "family": family(cell.task), "kv": kv, "top_p": kv_config.top_p,
+        "alpha": kv_config.alpha if kv not in ("dense", "offload") and kv_config.top_p is None else None,
         "score": string_match_all(answer, sample.expected), "answer": answer, "expected": list(sample.expected),
         "token_ids": tokens, "prompt_tokens": prompt_tokens, "ms_per_token": decode_s * 1000 / max(len(tokens) - 1, 1),
-        "disk_bytes_read": read, "device_kv_budget": kv_config.device_kv_budget,
+        "disk_bytes_read": read, "attention_budget": budget, "device_kv_budget": kv_config.device_kv_budget,
         "host_kv_budget": kv_config.host_kv_budget, "context_kv_bytes": cell.context * kv_bytes_per_token(llm.model),
     }
 

@@ -71,6 +71,7 @@ def markdown(data: dict, plot_name: str | None = None) -> str:
     lines = [f"# RULER-style suite: {data['settings']['model']}, every KV mode against {REFERENCE}", "",
              settings_text(data, cells), ""]
     lines += retention_table(rows) + _score_tables(rows) + _context_table(cells) + _cost_table(cells)
+    lines += _budget_table(cells)
     checks = equality_checks(cells)
     lines += [f"Exactness check: {mode} repeated {MUST_EQUAL[mode]}'s tokens on {same}/{total} samples." for
               mode, (same, total) in checks.items()] + [""]
@@ -138,6 +139,31 @@ def _cost_table(cells: list[dict]) -> list[str]:
         own = [cell for cell in cells if cell["mode"] == mode]
         lines.append(f"| {mode} | {statistics.median(cell['ms_per_token'] for cell in own):.1f} | "
                      f"{format_size(int(statistics.median(cell['disk_bytes_read'] for cell in own)))} |")
+    return lines + [""]
+
+
+def _budget_table(cells: list[dict]) -> list[str]:
+    """Per sparse mode and family: cold bytes read per decode step, the estimated attention mass kept and the share
+    of pooled tokens attended (means over cells), and the top-p guard's events (summed); none without such cells."""
+    budgeted = [cell for cell in cells if cell.get("attention_budget") and cell["attention_budget"]["mass_kept_mean"]
+                is not None]
+    if not budgeted:
+        return []
+    lines = ["## Cold reads and attention kept per family (sparse modes; mean over cells)", "",
+             "| mode | family | cold read per decode step | estimated mass kept (least) | share attended | "
+             "guard events |", "|---|---|---|---|---|---|"]
+    for mode in _ordered({cell["mode"] for cell in budgeted}):
+        for name in FAMILIES:
+            own = [cell for cell in budgeted if cell["mode"] == mode and cell["family"] == name]
+            if not own:
+                continue
+            reports = [cell["attention_budget"] for cell in own]
+            per_step = _mean([cell["disk_bytes_read"] / max(len(cell["token_ids"]) - 1, 1) for cell in own])
+            lines.append(f"| {mode} | {name} | {format_size(int(per_step))} | "
+                         f"{_mean([report['mass_kept_mean'] for report in reports]):.3f} "
+                         f"({min(report['mass_kept_min'] for report in reports):.3f}) | "
+                         f"{_mean([report['attended_share'] for report in reports]):.3f} | "
+                         f"{sum(report['guard_events'] for report in reports)} |")
     return lines + [""]
 
 

@@ -15,7 +15,7 @@ import math
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +56,7 @@ class SparseBench:
     host_share: float  # host budget as a share of the prompt's KV
     policies: str  # migration policies the sparse path runs with
     lookahead: str  # "on", "off" or "both": the sparse path with, without or with and without its lookahead
+    top_p: float | None  # also the sparse path with the adaptive budget at this mass (rows '<mode>-top-p')
     skip_offload: bool
     skip_dense: bool
     corpus: str
@@ -75,7 +76,7 @@ def run_sparse_benchmark(llm, bench: SparseBench, storage_dir: str, device: str,
     device_budget, host_budget = budget_bytes(model, bench.context, BudgetShares(host=bench.host_share), bench.batch)
     result = {"model": llm.name, "device": device, "dtype": dtype, "corpus": bench.corpus,
               "context": bench.context, "batch": bench.batch, "new_tokens": bench.new_tokens,
-              "alpha": bench.alpha, "score_bits": bench.score_bits, "prompt_kv_bytes": kv_bytes,
+              "alpha": bench.alpha, "top_p": bench.top_p, "score_bits": bench.score_bits, "prompt_kv_bytes": kv_bytes,
               "host_budget_bytes": host_budget, "device_budget_bytes": device_budget, "torch_threads": thread_settings(),
               "machine": machine_info(storage_dir), "modes": {},
               "prefill": {"recorded_once": True, "record_s": time.perf_counter() - started,
@@ -115,6 +116,10 @@ def _mode_builders(model, model_id: str, tape: PrefillTape, bench: SparseBench, 
                               policy=policy, lookahead=lookahead)
             label = f"sparse-{policy}" + ("" if lookahead else "-no-lookahead")
             builders[label] = lambda sparse=sparse: make_cache(model, sparse, max_tokens, bench.batch, model_id)
+            if bench.top_p is not None:
+                adaptive = replace(sparse, top_p=bench.top_p)
+                builders[f"{label}-top-p"] = lambda adaptive=adaptive: make_cache(model, adaptive, max_tokens,
+                                                                                  bench.batch, model_id)
     return builders
 
 
@@ -374,6 +379,7 @@ def markdown(result: dict) -> str:
                          f"{row['predicted_ms']['T_storage']:.1f} ms, measured {row['measured_ms']['T_CPU']:.1f} / "
                          f"{row['measured_ms']['T_storage']:.1f} ms (beta {row['beta']}){_rates_text(row)}"
                          f"{_lookahead_text(row)}")
+    lines += _budget_lines(result)
     lines += ["", "| estimate (aggregation-precision) | recall vs exact top-k | attention-mass recall |", "|---|---|---|"]
     estimates = {name: row for name, row in result["recall"].items() if name != "edge_mass"}
     lines += [f"| {name} | {row['recall']:.3f} | {row['mass_recall']:.3f} |" for name, row in estimates.items()]
@@ -389,6 +395,29 @@ def markdown(result: dict) -> str:
         lines += ["", "attention mass on always-kept tokens (mean over layers): " +
                   ", ".join(f"{window} {share:.1%}" for window, share in edges.items())]
     return "\n".join(lines) + "\n"
+
+
+def _budget_lines(result: dict) -> list[str]:
+    """Per adaptive-budget row ('<mode>-top-p'): its step time over its fixed-share row's in the same rounds (median
+    [min, max] of the rounds), and both rows' estimated mass kept, share attended and cold K/V fetched per step."""
+    lines = []
+    ratios = result.get("round_ratios", {})
+    for mode, row in result["modes"].items():
+        fixed = mode.removesuffix("-top-p")
+        if fixed == mode or fixed not in result["modes"]:
+            continue
+        other = result["modes"][fixed]
+        text = (f"\n{mode} (top-p {result['top_p']}) vs {fixed} (alpha {result['alpha']}): estimated mass kept "
+                f"{row['mass_kept']:.3f} vs {other['mass_kept']:.3f}, share attended {row['attended_share']:.3f} vs "
+                f"{other['attended_share']:.3f}, cold K/V fetched {_size_or_dash(row['cold_bytes_fetched_per_step'])}"
+                f" vs {_size_or_dash(other['cold_bytes_fetched_per_step'])} per step, guard events "
+                f"{row['guard_events_per_step']:.1f} per step")
+        if mode in ratios and fixed in ratios:  # offload's step over each: their quotient is fixed's over top-p's
+            speed = [own / theirs for own, theirs in zip(ratios[mode], ratios[fixed])]
+            text += (f"; speed {np.median(speed):.3f}x {fixed}'s (rounds {min(speed):.3f}-{max(speed):.3f}, "
+                     "same rounds)")
+        lines.append(text)
+    return lines
 
 
 def _lookahead_text(row: dict) -> str:

@@ -80,6 +80,10 @@ def sparse_details(sparse: SparseView) -> dict:
         "hot_selection_rate": summary.get("selected_hot", 0.0) / max(summary.get("pooled_hot", 0.0), 1),
         "hot_share": summary.get("pooled_hot", 0.0) / max(pooled, 1),
         "cold_bytes_fetched_per_step": summary.get("cold_bytes_fetched", 0.0),
+        # the selection's estimated attention mass kept (kvtier.sparse.mass), share of pooled tokens attended
+        "mass_kept": summary.get("mass_kept", 0.0) / max(summary.get("mass_samples", 0.0), 1),
+        "attended_share": (summary.get("selected_hot", 0.0) + summary.get("selected_cold", 0.0)) / max(pooled, 1),
+        "guard_events_per_step": summary.get("guard_events", 0.0),
         "lookahead_layers_per_step": summary.get("lookahead_layers", 0.0),  # layers that took prefetched candidates
         "unpredicted_fetch_ms": summary.get("unpredicted_fetch_s", 0.0) * 1000,  # the fetch of the other layers
         "promotions_per_step": summary.get("promotions", 0.0),
