@@ -17,6 +17,7 @@ from kvtier.engine.serving_engine import EngineConfig, LLMEngine
 from kvtier.errors import ConfigError
 from kvtier.kv.model_geometry import model_geometry
 from kvtier.kv_config import KVConfig
+from kvtier.sparse.stats import MASS_BUCKETS
 from kvtier.tiered_kv import SparseTiers
 
 pytestmark = pytest.mark.model
@@ -106,6 +107,18 @@ def test_a_second_request_for_a_document_being_stored_prefills_alongside_and_sto
         outputs = engine.generate([DOCUMENT + "\nFirst?", DOCUMENT + "\nSecond?"], SamplingParams(max_new_tokens=3))
     assert [len(output.token_ids) for output in outputs] == [3, 3]
     assert len(store.entries()) == 1
+
+
+def test_tiered_sequences_count_the_attention_mass_their_top_p_budget_kept(llm, tmp_path):
+    tiers = SparseTiers(llm, KVConfig(kv="sparse", top_p=0.9, storage_dir=str(tmp_path)))
+    with LLMEngine.from_llm(llm, engine_config(tmp_path), tiers) as engine:
+        outputs = engine.generate([DOCUMENT, SHORT], SamplingParams(max_new_tokens=8))
+    assert [output.tiered for output in outputs] == [True, False]
+    counters = tiers.counters()
+    steps = counters["mass_kept_count"]
+    assert steps >= 6 and 0 < counters["mass_kept_sum"] / steps <= 1 + 1e-6  # its decode steps, each once
+    buckets = [counters[f"mass_kept_le_{bound}"] for bound in MASS_BUCKETS]
+    assert buckets == sorted(buckets) and buckets[-1] <= steps and counters["guard_events"] >= 0
 
 
 def _logbooks(count: int) -> list[str]:

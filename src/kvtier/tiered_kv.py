@@ -25,10 +25,12 @@ from kvtier.kv.contract import tier_bytes
 from kvtier.kv.model_geometry import model_geometry
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse import attention
+from kvtier.sparse.stats import MASS_BUCKETS
 from kvtier.units import format_size
 
 COUNTERS = ("requests", "cold_read_bytes", "scorer_restarts", "reused_prompt_tokens", "kv_store_read_bytes",
-            "set_asides", "set_aside_bytes")
+            "set_asides", "set_aside_bytes", "guard_events",
+            *(f"mass_kept_{name}" for name in [*(f"le_{bound}" for bound in MASS_BUCKETS), "count", "sum"]))
 HEAD_TOKENS = 128  # the prompt's first tokens, decoded, name a stored document in `kvtier store list`
 
 
@@ -179,7 +181,9 @@ class SparseSequence:
         return {"requests": 1, "cold_read_bytes": self.cache.io_stats().bytes_read, "scorer_restarts": self.cache.scorer_restarts(),
                 "reused_prompt_tokens": self._reused,
                 "kv_store_read_bytes": 0 if reuse is None else reuse.bytes_read,
-                "set_asides": self._set_asides, "set_aside_bytes": self._set_aside_bytes}
+                "set_asides": self._set_asides, "set_aside_bytes": self._set_aside_bytes,
+                "guard_events": self.cache.attention_budget()["guard_events"],
+                **{f"mass_kept_{name}": value for name, value in self.cache.stats.mass_histogram().items()}}
 
     def close(self) -> None:
         if self._closed:

@@ -65,4 +65,6 @@ def test_swap_metrics_move_under_pressure_and_everything_returns_afterwards(serv
         assert after[(name, (("path", "paged"),))] == 0
     assert after[("kvtier:flash_file_bytes", ())] >= 15 << 20  # the file holds the 16 MiB of slots
     assert ("kvtier:tiered_cold_read_bytes_total", ()) in after and ("kvtier:tiered_scorer_restarts_total", ()) in after
+    assert ("kvtier:tiered_guard_events_total", ()) in after
+    assert ("kvtier:tiered_attention_mass_kept_count", ()) in after
     assert moved(before, after, "kvtier:request_queue_time_seconds_count") == 4  # each request's wait, once

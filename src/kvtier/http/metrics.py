@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvtier.http.engine_loop import EngineSnapshot
+from kvtier.sparse.stats import MASS_BUCKETS
 
 # Latencies of a CPU-served small model run from milliseconds to minutes under load.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -88,8 +89,21 @@ class _EngineCollector(Collector):
                 ("kvtier:tiered_set_asides", "Tiered sequences preempted: window and hot pool set aside on flash",
                  tiered.get("set_asides", 0)),
                 ("kvtier:tiered_set_aside_bytes", "Bytes tiered sequences wrote to flash when set aside",
-                 tiered.get("set_aside_bytes", 0))):
+                 tiered.get("set_aside_bytes", 0)),
+                ("kvtier:tiered_guard_events", "Layer steps whose top-p budget's guard lifted its ceiling (mass too "
+                 "flat to keep P within it)", tiered.get("guard_events", 0))):
             yield CounterMetricFamily(name, doc, value=value)
+        yield _mass_kept(tiered)
+
+
+def _mass_kept(tiered: dict) -> HistogramMetricFamily:
+    """The tiered sequences' decode steps by their estimated attention mass kept (kvtier.sparse.mass; each step's
+    mean over its layers)."""
+    buckets = [(str(bound), tiered.get(f"mass_kept_le_{bound}", 0)) for bound in MASS_BUCKETS]
+    return HistogramMetricFamily("kvtier:tiered_attention_mass_kept", "Estimated attention mass a tiered sequence's "
+                                 "decode step kept (mean over its layers)",
+                                 buckets=[*buckets, ("+Inf", tiered.get("mass_kept_count", 0))],
+                                 sum_value=tiered.get("mass_kept_sum", 0.0))
 
 
 def _kv_bytes(engine: EngineSnapshot) -> GaugeMetricFamily:

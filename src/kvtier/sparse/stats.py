@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 log = logging.getLogger(__name__)
 
 PARTS = ("score_s", "fetch_s", "attention_s", "migrate_s")
+# Upper bounds of the histogram of a decode step's estimated attention mass kept (`SparseStats.mass_histogram`)
+MASS_BUCKETS = (0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
 # The phases of a layer's decode step (SparseLayer.attend: score, select, fetch, attend, migrate; in their order)
 # and the part each is charged to.
 PHASE_PARTS = {
@@ -151,6 +153,13 @@ class SparseStats:
             return {}
         fields = [name for name in asdict(steps[0]) if name != "step"]
         return {name: sum(getattr(step, name) for step in steps) / len(steps) for name in fields}
+
+    def mass_histogram(self) -> dict[str, float]:
+        """The decode steps' estimated mass kept (each step's mean over layers and sequences) as a histogram: per
+        upper bound of MASS_BUCKETS the steps at or under it ("le_<bound>", cumulative), their count and sum."""
+        means = [step.mass_kept / step.mass_samples for step in self.steps if step.mass_samples]
+        return {**{f"le_{bound}": sum(mean <= bound for mean in means) for bound in MASS_BUCKETS},
+                "count": len(means), "sum": sum(means)}
 
     def budget_report(self) -> dict[str, float | int | None]:
         """Over every decode step so far: the mean and the least estimated attention mass kept (over layers and
