@@ -38,7 +38,7 @@ def test_one_untimed_run_stores_each_document_then_modes_alternate_round_by_roun
     runner, dropped, lines = FakeGenerate(), [], []
     documents = {"code": tmp_path / "code.txt", "repetitive": tmp_path / "rep.txt"}
     result = run_generate_benchmark(_bench(), documents, runner, lambda: dropped.append(1) or True, lines.append)
-    assert len(lines) == 12 and lines[-1] == "repetitive sparse round 2: 150.0 ms/token"
+    assert len(lines) == 12 and lines[-1] == "repetitive sparse round 2: 168.0 ms/token"
     modes = [argv[argv.index("--kv") + 1] for argv in runner.calls]
     assert modes == ["offload", "sparse", *["dense", "offload", "sparse"] * 2] * 2  # each tiered mode stores first
     assert all(argv[argv.index("--max-new-tokens") + 1] == "1" for argv in runner.calls[:2])
