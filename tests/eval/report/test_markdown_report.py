@@ -9,6 +9,7 @@ import pytest
 from kvtier.errors import ConfigError, StorageError
 from kvtier.eval.sparse.latency_grid import EXPERIMENTS, GRIDS, experiment_cells
 from kvtier.eval.record import ResultStore, cell_key
+from kvtier.eval.sparse.corpora_table import corpora_result
 from kvtier.eval.report.markdown_report import PLOTS_DIR, REPORT_NAME, appendices, demote_headings, write_report
 from kvtier.eval.sparse.traffic import DIRECTIONS
 
@@ -160,3 +161,11 @@ def test_appendices_render_sparse_files_in_name_order(tmp_path):
         (tmp_path / f"sparse-tiny-{context}-b1.json").write_text(json.dumps(SPARSE_RESULT | {"context": context}))
     titles = [title for title, _ in appendices(tmp_path)]
     assert titles == ["Sparse vs offload (`sparse-tiny-256-b1.json`)", "Sparse vs offload (`sparse-tiny-512-b1.json`)"]
+
+
+def test_a_run_over_corpora_is_rendered_as_its_table(tmp_path):
+    run = SPARSE_RESULT | {"corpus": "code", "device": "cpu", "repeats": 1}
+    (tmp_path / "sparse-corpora-tiny-256-b1.json").write_text(json.dumps(corpora_result({"code": run})))
+    [(title, text)] = appendices(tmp_path)
+    assert title == "Sparse vs offload (`sparse-corpora-tiny-256-b1.json`)"
+    assert text.startswith("# sparse vs offload over corpora: tiny")

@@ -27,6 +27,7 @@ from kvtier.eval.accuracy.ruler_report import ALL, retention_table, summary as r
 from kvtier.eval.report.plots import Series, bar_plot, grouped_bars, line_plot, pyplot, scatter_plot, stacked_bars
 from kvtier.eval.report_text import spread_text, tally_text
 from kvtier.eval.serving.serve_bench import render_markdown as serve_markdown
+from kvtier.eval.sparse.corpora_table import corpora_markdown
 from kvtier.eval.sparse.sparse_bench import markdown as sparse_markdown
 from kvtier.eval.sparse.traffic import DIRECTIONS
 from kvtier.kv_config import EXACT_MODES, KV_MODES
@@ -72,8 +73,10 @@ def read_json(path: Path) -> dict:
 
 
 def appendices(directory: Path) -> list[tuple[str, str]]:
-    """(title, markdown) of the sparse-*.json and serve.json files, rendered as their benchmarks render them."""
-    sections = [(f"Sparse vs offload (`{path.name}`)", sparse_markdown(read_json(path)))
+    """(title, markdown) of the sparse-*.json and serve.json files, rendered as their benchmarks render them (a run
+    over corpora, sparse-corpora-*.json, as its table)."""
+    sections = [(f"Sparse vs offload (`{path.name}`)",
+                 (corpora_markdown if path.name.startswith("sparse-corpora-") else sparse_markdown)(read_json(path)))
                 for path in sorted(directory.glob("sparse-*.json"))]
     serve = directory / "serve.json"
     if serve.is_file():
