@@ -7,9 +7,11 @@ window, host hot pool, cold pool on disk) and decodes in the same forwards as th
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvtier.docstore.document_store import DocumentStore
 from kvtier.engine.sequence import SamplingParams
@@ -18,6 +20,7 @@ from kvtier.errors import ConfigError
 from kvtier.kv.model_geometry import model_geometry
 from kvtier.kv_config import KVConfig
 from kvtier.sparse.stats import MASS_BUCKETS
+from kvtier.sparse.threads import machine_threads
 from kvtier.tiered_kv import SparseTiers
 
 pytestmark = pytest.mark.model
@@ -70,6 +73,25 @@ def test_tiered_sequences_run_at_most_max_tiered_seqs_at_once_within_their_host_
             host = max([host] + [seq.kv.tier_bytes()["host"] for seq in running])
         assert most == 2  # the third waited for a share
         assert 0 < host <= 4 << 20  # no hot pool outgrew its half of the 8 MiB
+
+
+def test_forwards_in_which_tiered_sequences_decode_leave_a_core_to_each_ones_scorer(llm, tmp_path):
+    tiers = SparseTiers(llm, KVConfig(kv="sparse", storage_dir=str(tmp_path)))
+    forwarding, seen = tiers.forwarding, []
+
+    @contextmanager
+    def recording(decoding: int):
+        with forwarding(decoding):
+            seen.append((decoding, torch.get_num_threads()))
+            yield
+
+    tiers.forwarding = recording
+    before = torch.get_num_threads()
+    with LLMEngine.from_llm(llm, engine_config(tmp_path, max_tiered_seqs=2, host_kv_budget="8MiB"), tiers) as engine:
+        engine.generate([DOCUMENT, "Logbook: " + DOCUMENT, SHORT], SamplingParams(max_new_tokens=4))
+    assert {decoding for decoding, _ in seen} == {1, 2}  # prompt chunks alone run as set; each decode counts
+    assert all(threads == max(1, machine_threads() - decoding) for decoding, threads in seen)
+    assert torch.get_num_threads() == before
 
 
 def test_a_host_budget_too_small_for_a_hot_pool_is_refused_in_one_line(llm, tmp_path):

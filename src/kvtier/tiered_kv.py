@@ -11,7 +11,7 @@ while that prefill runs prefills alongside and stores nothing.
 from __future__ import annotations
 
 import dataclasses
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 
 import torch
 
@@ -26,6 +26,7 @@ from kvtier.kv.model_geometry import model_geometry
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse import attention
 from kvtier.sparse.stats import MASS_BUCKETS
+from kvtier.sparse.threads import machine_threads, torch_threads
 from kvtier.units import format_size
 
 COUNTERS = ("requests", "cold_read_bytes", "scorer_restarts", "reused_prompt_tokens", "kv_store_read_bytes",
@@ -79,6 +80,13 @@ class SparseTiers:
             except BaseException:
                 sequence.close()
                 raise
+
+    def forwarding(self, decoding: int) -> AbstractContextManager:
+        """Torch threads: the machine's cores less one per decoding sequence, at least one. Each decoding sequence's
+        storage scorer, a process of its own, scores and reads during the forward; torch's helper threads beside
+        it spin on the same cores and slow both (on two cores, four 8K-token sequences decoded a step in about
+        530 ms on two threads and 370-400 ms on one)."""
+        return torch_threads(max(1, machine_threads() - decoding))
 
     def counters(self) -> dict[str, int]:
         totals = dict(self._closed)

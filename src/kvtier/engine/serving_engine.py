@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,8 @@ class LLMEngine:
             if chunk.seq.started_s is None:
                 chunk.seq.started_s = started
         completing = [chunk.seq for chunk in chunks if chunk.completes]
-        logits = self.runner.run(chunks)
+        with self._forwarding(chunks):
+            logits = self.runner.run(chunks)
         self.forward_tokens += sum(chunk.num_tokens for chunk in chunks)
         lost = {id(seq) for seq in self._drop_lost(chunks, events)}
         self._computed([chunk for chunk in chunks if id(chunk.seq) not in lost])
@@ -138,6 +140,12 @@ class LLMEngine:
             if id(seq) not in lost:
                 events.append(self._append(seq, token, logprobs))
         return events
+
+    def _forwarding(self, chunks: list[ScheduledChunk]) -> AbstractContextManager:
+        """The tier provider's context for a forward in which tiered sequences decode; none otherwise."""
+        decoding = sum(chunk.seq.kv is not None and chunk.seq.num_computed >= len(chunk.seq.prompt_ids)
+                       for chunk in chunks)
+        return self.tiers.provider.forwarding(decoding) if decoding else nullcontext()
 
     def _drop_lost(self, chunks: list[ScheduledChunk], events: list[TokenEvent]) -> list[Sequence]:
         """Take out the tiered sequences whose KV failed a read in this forward (their rows are meaningless): each is

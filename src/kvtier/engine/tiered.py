@@ -15,6 +15,7 @@ can be preempted (scheduler.py): its KV is set aside, only what is not on flash 
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,6 +74,10 @@ class TierProvider(Protocol):
              ) -> tuple[SequenceKV, int]:
         """A fresh KV for a sequence of up to `max_tokens` tokens whose prompt is `prompt_ids`, and how many leading
         prompt tokens are already in it (a stored document's prefix)."""
+
+    def forwarding(self, decoding: int) -> AbstractContextManager:
+        """The context of a forward in which `decoding` tiered sequences decode (> 0): e.g. fewer torch threads, so
+        that what works for them beside the forward (their scorer processes) keeps cores of its own."""
 
     def counters(self) -> dict[str, int]:
         """Totals over every tiered sequence so far, by name (e.g. bytes read from cold pools), for /metrics."""
