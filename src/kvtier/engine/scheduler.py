@@ -34,6 +34,10 @@ produce the same schedule, the same swaps and therefore the same outputs):
    A tiered sequence is scheduled like the rest (a prefill chunk within the
    token budget, or one decode token) but needs no new blocks, and is never a
    victim for blocks: its reservation is small and its tiers lie outside the pool.
+   While a paged sequence's prompt is not in yet, the tiered sequences sit out
+   one step in two: a forward with tiered decodes costs a sparse step per
+   tiered sequence (hundreds of ms on a CPU), and a short request's first
+   token should not wait through it.
 
 A tiered sequence gives up its share (admission, step 3) to a waiting tiered
 request of higher priority, or, with `Tiers.slice_tokens`, of equal priority
@@ -72,6 +76,7 @@ class SchedulerStats:
     stalls: int = 0  # sequence-steps skipped while waiting for blocks
     tiered_set_asides: int = 0  # tiered sequences preempted: window and hot pool written to flash
     tiered_set_aside_bytes: int = 0
+    tiered_sit_outs: int = 0  # steps the tiered sequences sat out for a paged prompt
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -98,6 +103,7 @@ class Scheduler:
         self.failed: list[Sequence] = []  # sequences that could not start (their error in `warnings`), this step
         self._last_run: dict[int, int] = {}
         self._started_at: dict[int, int] = {}  # a running tiered sequence's output length when it last started
+        self._sat_out = False  # the tiered sequences sat out the last step
 
     def add(self, seq: Sequence) -> None:
         """Queue `seq`: paged when the pool could hold all of its KV, else tiered (when the engine has tiers)."""
@@ -310,6 +316,7 @@ class Scheduler:
         budget = self.max_batched_tokens
         # Decodes first (one token each), then prefill chunks, each group by priority then arrival.
         order = sorted(self.running, key=lambda s: (s.pending_tokens() > 1, -s.sampling.priority, s.request_id))
+        sitting_out = self._tiered_sit_out()
         for seq in order:
             if seq not in self.running:  # preempted as a victim earlier in this loop
                 continue
@@ -317,6 +324,8 @@ class Scheduler:
             if count == 0:
                 break
             if seq.kv is not None:  # its device blocks were reserved at admission
+                if sitting_out:
+                    continue
                 chunks.append(ScheduledChunk(seq, count))
                 self._last_run[seq.request_id] = self.stats.steps
                 budget -= count
@@ -335,6 +344,15 @@ class Scheduler:
             self._last_run[seq.request_id] = self.stats.steps
             budget -= count
         return chunks
+
+    def _tiered_sit_out(self) -> bool:
+        """Whether the tiered sequences sit out this step: a paged prompt is not in yet, tiered sequences run,
+        and they did not sit out the last step."""
+        paged_prompt = any(seq.kv is None and seq.num_computed < len(seq.prompt_ids) for seq in self.running)
+        tiered = any(seq.kv is not None for seq in self.running)
+        self._sat_out = paged_prompt and tiered and not self._sat_out
+        self.stats.tiered_sit_outs += self._sat_out
+        return self._sat_out
 
     # ----- preemption -----
 
