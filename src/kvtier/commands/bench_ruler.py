@@ -13,9 +13,9 @@ Retention = a mode's summed score / dense's over the same cells, per family and 
 
 Modes (one table, kvtier.eval.accuracy.ruler_grid.SUITE_MODES): dense; offload (a check: its tokens must equal
 dense's, the run stops with an error if not); sparse at alpha 0.2 and 0.1, and with the adaptive budget
-(sparse-auto: top-p at its default P); h2o, infinigen, leoam and quest at alpha 0.2. Every mode gets the same
-budgets per cell (shares of the context's KV, as `bench accuracy`: host 40%, device 2% with a 128-token floor) and
-attends the same share of its pooled tokens, but sparse-auto, which attends what its budget finds.
+(sparse-p0.9 and sparse-p0.95: top-p at those masses); h2o, infinigen, leoam and quest at alpha 0.2. Every mode
+gets the same budgets per cell (shares of the context's KV, as `bench accuracy`: host 40%, device 2% with a
+128-token floor) and attends the same share of its pooled tokens, but the top-p modes: what their budget finds.
 
 Contexts (prompt and answer tokens): 2048,4096,8192 for smollm2-135m; 4096,8192,16384 for qwen2.5-0.5b;
 --samples 8 per task and context (sample i: seed i). Each sample's prompt is prefilled densely once and

@@ -23,7 +23,7 @@ class SparseSettings:
     top_p: float | None = None
     min_share: float = 0.02
     max_share: float = 0.3
-    guard_mass: float = 0.8
+    guard_mass: float = 0.6
     score_bits: int = 4  # sketch precision: they only draw up the cold shortlist, exact scores choose
     beta: float | None = None  # hot/cold split Mc/Ms; None: APP chooses it (planner.py)
     sink: int = 4  # first tokens always attended (attention sinks): the first holds their mass, 4 insure others

@@ -42,7 +42,7 @@ def test_every_suite_mode_answers_every_family_and_offload_repeats_dense(tiny_ll
     markdown = path.with_suffix(".md").read_text()
     assert "## Retention vs dense" in markdown and "| sparse-0.2 |" in markdown and "| quest |" in markdown
     assert "Exactness check: offload repeated dense's tokens on 3/3 samples." in markdown
-    assert "## Cold reads and attention kept per family" in markdown and "| sparse-auto | aggregation |" in markdown
+    assert "## Cold reads and attention kept per family" in markdown and "| sparse-p0.9 | aggregation |" in markdown
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("a finished cell ran again")

@@ -9,14 +9,14 @@ is one more entry.
 from __future__ import annotations
 
 from kvtier.data.ruler import TASKS
-from kvtier.sparse.settings import DEFAULT_TOP_P
 
 SUITE_MODES: dict[str, dict] = {
     "dense": {"kv": "dense"},
     "offload": {"kv": "offload"},  # a check: its answers must equal dense's token for token
     "sparse-0.2": {"kv": "sparse", "alpha": 0.2},
     "sparse-0.1": {"kv": "sparse", "alpha": 0.1},
-    "sparse-auto": {"kv": "sparse", "top_p": DEFAULT_TOP_P},  # the adaptive budget (`--alpha auto`)
+    "sparse-p0.9": {"kv": "sparse", "top_p": 0.9},  # the adaptive budget (`--top-p`) at two masses
+    "sparse-p0.95": {"kv": "sparse", "top_p": 0.95},
     "h2o": {"kv": "h2o", "alpha": 0.2},
     "infinigen": {"kv": "infinigen", "alpha": 0.2},
     "leoam": {"kv": "leoam", "alpha": 0.2},
