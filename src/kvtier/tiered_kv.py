@@ -84,8 +84,7 @@ class SparseTiers:
     def forwarding(self, decoding: int) -> AbstractContextManager:
         """Torch threads: the machine's cores less one per decoding sequence, at least one. Each decoding sequence's
         storage scorer, a process of its own, scores and reads during the forward; torch's helper threads beside
-        it spin on the same cores and slow both (on two cores, four 8K-token sequences decoded a step in about
-        530 ms on two threads and 370-400 ms on one)."""
+        it would spin on the same cores and slow both."""
         return torch_threads(max(1, machine_threads() - decoding))
 
     def counters(self) -> dict[str, int]:

@@ -348,7 +348,7 @@ class Scheduler:
     def _tiered_sit_out(self) -> bool:
         """Whether the tiered sequences sit out this step: a paged prompt is not in yet, tiered sequences run,
         and they did not sit out the last step."""
-        paged_prompt = any(seq.kv is None and seq.num_computed < len(seq.prompt_ids) for seq in self.running)
+        paged_prompt = any(seq.kv is None and not seq.prompt_computed for seq in self.running)
         tiered = any(seq.kv is not None for seq in self.running)
         self._sat_out = paged_prompt and tiered and not self._sat_out
         self.stats.tiered_sit_outs += self._sat_out

@@ -87,6 +87,11 @@ class Sequence:
         """Tokens the sequence can reach: the KV it may ever need."""
         return len(self.prompt_ids) + self.sampling.max_new_tokens
 
+    @property
+    def prompt_computed(self) -> bool:
+        """Every prompt token's K/V is computed (again, after a recompute): the sequence decodes."""
+        return self.num_computed >= len(self.prompt_ids)
+
     def pending_tokens(self) -> int:
         """Tokens whose K/V still has to be computed before the next token can be sampled."""
         return self.num_tokens - self.num_computed

@@ -143,8 +143,7 @@ class LLMEngine:
 
     def _forwarding(self, chunks: list[ScheduledChunk]) -> AbstractContextManager:
         """The tier provider's context for a forward in which tiered sequences decode; none otherwise."""
-        decoding = sum(chunk.seq.kv is not None and chunk.seq.num_computed >= len(chunk.seq.prompt_ids)
-                       for chunk in chunks)
+        decoding = sum(chunk.seq.kv is not None and chunk.seq.prompt_computed for chunk in chunks)
         return self.tiers.provider.forwarding(decoding) if decoding else nullcontext()
 
     def _drop_lost(self, chunks: list[ScheduledChunk], events: list[TokenEvent]) -> list[Sequence]:
