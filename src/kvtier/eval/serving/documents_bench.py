@@ -102,7 +102,7 @@ def run_documents_benchmark(llm: Any, workload: DocumentsWorkload, base: EngineC
                            2).result()
             mixed = mixed_traffic(llm, server.url, prompts[::QUESTIONS_PER_DOCUMENT], workload.new_tokens, clients)
             say(f"[bench http documents] short requests' TTFT p50: {mixed['idle_ttft_p50_s'] * 1000:.0f} ms idle, "
-                f"{mixed['busy_ttft_p50_s'] * 1000:.0f} ms beside {mixed['tiered']} tiered sequences")
+                f"{mixed['busy_ttft_p50_s'] * 1000:.0f} ms beside {mixed['tiered_decoding']} tiered sequences")
         for repeat in range(workload.repeats):
             for name in SERVERS if repeat % 2 == 0 else tuple(reversed(SERVERS)):
                 with BenchServer(llm, configs[name], _tiers(llm, name, store_dir, directory)) as (server, _):
@@ -131,18 +131,22 @@ def mixed_traffic(llm: Any, url: str, long_prompts: list[str], new_tokens: int, 
     short = [_user_turn(llm, f"Say one word about the number {number}.") for number in range(SHORT_REQUESTS)]
     idle = drive(url, SERVED_NAME, short, 1, 1)
     first_tokens = ("kvtier:time_to_first_token_seconds_count", ())  # one per request given its first token
-    started = scrape(url).get(first_tokens, 0.0)
+    admitted = ("kvtier:requests_total", (("path", "tiered"),))
+    before = scrape(url)
+    started = before.get(first_tokens, 0.0)
     long_run = clients.submit(drive, url, SERVED_NAME, long_prompts, len(long_prompts), new_tokens)
     while scrape(url).get(first_tokens, 0.0) < started + len(long_prompts):
         if long_run.done():
             raise RuntimeError("the long requests finished before the short ones could be sent beside them")
         time.sleep(SAMPLE_S)
-    tiered = scrape(url).get(("kvtier:num_requests_running", (("path", "tiered"),)), 0.0)
+    decoding = scrape(url).get(("kvtier:num_requests_running", (("path", "tiered"),)), 0.0)
     busy = drive(url, SERVED_NAME, short, 1, 1)
     overlapped = not long_run.done()  # the long requests still decoded when the last short one was answered
     long_run.result()
+    tiered = scrape(url).get(admitted, 0.0) - before.get(admitted, 0.0)
     idle_p50, busy_p50 = percentile(idle.ttft_s, 0.5), percentile(busy.ttft_s, 0.5)
-    return {"short_requests": SHORT_REQUESTS, "tiered": int(tiered), "idle_ttft_p50_s": idle_p50,
+    return {"short_requests": SHORT_REQUESTS, "tiered": int(tiered), "tiered_decoding": int(decoding),
+            "idle_ttft_p50_s": idle_p50,
             "busy_ttft_p50_s": busy_p50, "ratio": busy_p50 / idle_p50, "overlapped": overlapped}
 
 
@@ -249,6 +253,6 @@ def render_documents_markdown(result: dict[str, Any]) -> str:
                   f"{sliced['ttft_p99_s'] / serial['ttft_p99_s']:.2f}x.", "",
               f"Mixed traffic (tiered server): {mixed['short_requests']} short requests one after another, time to "
               f"first token p50 {mixed['idle_ttft_p50_s'] * 1000:.0f} ms on the idle server, "
-              f"{mixed['busy_ttft_p50_s'] * 1000:.0f} ms while {mixed['tiered']} tiered sequences decode "
+              f"{mixed['busy_ttft_p50_s'] * 1000:.0f} ms while {mixed['tiered_decoding']} tiered sequences decode "
               f"({mixed['ratio']:.1f}x).", ""]
     return "\n".join(lines)
