@@ -75,24 +75,29 @@ def estimate(exact: list[torch.Tensor], unread: np.ndarray | None, scaling: floa
     """Each token's mass, the mean over query heads, for every part of `exact` (raw logits [B, Hkv, G, n_i]; -inf:
     no token, mass 0) -> [B, n_i] each; and log Z per sequence and query head [B, Hkv, G], Z summed over those
     parts and the unread cold tokens' sketch scores `unread` [B, m] (-inf: read or no token) at their mean logit.
-    One exponential per logit: the parts are not joined."""
-    scaled = [_scaled(logits, scaling, softcap) for logits in exact]
-    peak = torch.stack([part.amax(dim=3) for part in scaled if part.shape[3]]).amax(dim=0)
-    exps = [part.sub_(peak[..., None]).exp_() for part in scaled]
-    log_z = torch.stack([part.sum(dim=3) for part in exps]).sum(dim=0).log_().add_(peak)
+    The parts are joined into one new tensor (the callers' are left as they are), so that each step below is one
+    op over every logit: the decode step makes this call per layer and sequence, and per-op costs dominated."""
+    sizes = [part.shape[3] for part in exact]
+    logits = _scaled_in_place(torch.cat([part.float() for part in exact], dim=3), scaling, softcap)
+    batch, kv_heads, group, _ = logits.shape
+    heads = kv_heads * group
+    flat = logits.view(batch, heads, -1)
+    peak = flat.amax(dim=2, keepdim=True)
+    exps = flat.sub_(peak).exp_()
+    log_z = exps.sum(dim=2, keepdim=True).log_().add_(peak)
     if unread is not None and unread.shape[1]:
-        heads = peak.shape[1] * peak.shape[2]
-        sketch = _scaled(torch.from_numpy(_mean_logits(unread, heads, aggregation)), scaling, softcap)
+        sketch = _scaled_in_place(torch.from_numpy(_mean_logits(unread, heads, aggregation)), scaling, softcap)
         log_z = torch.logaddexp(log_z, torch.logsumexp(sketch, dim=1)[:, None, None])
-    share = peak.sub(log_z).exp_().div_(peak.shape[1] * peak.shape[2])  # exp(peak) / Z over the heads
-    return [torch.einsum("bhgn,bhg->bn", part, share).numpy() for part in exps], log_z
+    share = peak.sub_(log_z).exp_().div_(heads)  # exp(peak) / Z per head, its share of the mean over the heads
+    masses = torch.bmm(share.transpose(1, 2), exps)[:, 0].numpy()  # [B, n]: sum over heads of exps x share
+    return np.split(masses, np.cumsum(sizes)[:-1], axis=1), log_z.view(batch, kv_heads, group)
 
 
 def sketch_mass(scores: np.ndarray, log_z: torch.Tensor, scaling: float, softcap: float | None,
                 aggregation: str) -> np.ndarray:
     """Each cold token's estimated mass [B, m] from its sketch score [B, m], at its mean logit in every head."""
     heads = log_z.shape[1] * log_z.shape[2]
-    logits = _scaled(torch.from_numpy(_mean_logits(scores, heads, aggregation)), scaling, softcap)
+    logits = _scaled_in_place(torch.from_numpy(_mean_logits(scores, heads, aggregation)), scaling, softcap)
     per_head = torch.logsumexp(-log_z.flatten(1), dim=1) - math.log(heads)  # log mean over heads of 1 / Z_h
     return logits.add_(per_head[:, None]).exp_().numpy()
 
@@ -103,7 +108,8 @@ def _mean_logits(scores: np.ndarray, heads: int, aggregation: str) -> np.ndarray
     return scores / heads if aggregation == "sum" else scores.copy()
 
 
-def _scaled(logits: torch.Tensor, scaling: float, softcap: float | None) -> torch.Tensor:
-    """The attention's logits from raw q.k: the scaling, then the softcap where the model has one (a new tensor)."""
-    scaled = logits.float() * scaling
-    return torch.tanh(scaled / softcap).mul_(softcap) if softcap else scaled
+def _scaled_in_place(logits: torch.Tensor, scaling: float, softcap: float | None) -> torch.Tensor:
+    """The attention's logits from raw q.k `logits` (float32, overwritten): the scaling, then the softcap where the
+    model has one."""
+    logits.mul_(scaling)
+    return logits.div_(softcap).tanh_().mul_(softcap) if softcap else logits
