@@ -25,7 +25,7 @@ from kvtier.kv.contract import tier_bytes
 from kvtier.kv.model_geometry import model_geometry
 from kvtier.modes import KVConfig, make_cache
 from kvtier.sparse import attention
-from kvtier.sparse.stats import MASS_BUCKETS
+from kvtier.sparse.stats import MASS_BUCKETS, BudgetTotals
 from kvtier.sparse.threads import machine_threads, torch_threads
 from kvtier.units import format_size
 
@@ -181,6 +181,11 @@ class SparseSequence:
 
     def tier_bytes(self) -> dict[str, int]:
         return tier_bytes(self.cache, self._tiers.llm.model)
+
+    def budget_totals(self) -> BudgetTotals:
+        """The attention budget's sums over this sequence's sparse decode steps so far (mass kept, tokens attended,
+        guard events); still there after `close`."""
+        return self.cache.stats.budget_totals()
 
     def counters(self) -> dict[str, int]:
         """This sequence's part of `SparseTiers.counters`."""

@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from kvtier.sparse import stats
-from kvtier.sparse.stats import PHASE_PARTS, PARTS, PhaseClock, SparseStats, StepStats
+from kvtier.sparse.stats import PHASE_PARTS, PARTS, BudgetTotals, PhaseClock, SparseStats, StepStats
 
 
 @pytest.fixture
@@ -72,3 +72,21 @@ def test_the_rest_is_the_wall_time_minus_the_parts(ticks):
     step.score_s, step.attention_s = 0.25, 0.5
     recorded.finish()  # closed at 1
     assert step.total_s == 1.0 and step.rest_s == 0.25
+
+
+def test_the_budget_report_is_over_the_steps_that_estimated_their_mass_and_their_sums_add_up():
+    record = SparseStats()
+    assert record.budget_report() == {"mass_kept_mean": None, "mass_kept_min": None, "attended_share": None,
+                                      "guard_events": 0}
+    record.open_step()  # the prompt's: no mass estimated, its tokens are not a decode step's
+    record.current.pooled_hot = 1000
+    for kept, guards, chosen in (([0.9, 0.8], 1, 30), ([0.95, 0.99], 0, 10)):
+        step = record.open_step()
+        step.add_mass(kept, guards)
+        step.selected_hot, step.pooled_hot = chosen, 100
+    totals = record.budget_totals()
+    assert totals == BudgetTotals(pytest.approx(3.64), 4, 0.8, 40, 200, 1)
+    assert record.budget_report() == {"mass_kept_mean": pytest.approx(0.91), "mass_kept_min": 0.8,
+                                      "attended_share": 0.2, "guard_events": 1}
+    assert (totals + BudgetTotals()).report() == totals.report()  # nothing sampled adds nothing, nor its min
+    assert (totals + BudgetTotals(0.5, 1, 0.5, 1, 10, 2)).report()["mass_kept_min"] == 0.5

@@ -164,11 +164,40 @@ class SparseStats:
     def budget_report(self) -> dict[str, float | int | None]:
         """Over every decode step so far: the mean and the least estimated attention mass kept (over layers and
         sequences), the share of pooled tokens attended, the guard events (None where no step was recorded)."""
-        steps = [step for step in self.steps if step.mass_samples]
-        samples = sum(step.mass_samples for step in steps)
-        pooled = sum(step.pooled_hot + step.pooled_cold for step in steps)
-        return {"mass_kept_mean": sum(step.mass_kept for step in steps) / samples if samples else None,
-                "mass_kept_min": min((step.mass_min for step in steps), default=None),
-                "attended_share": sum(step.selected_hot + step.selected_cold for step in steps) / pooled
-                if pooled else None,
-                "guard_events": sum(step.guard_events for step in steps)}
+        return self.budget_totals().report()
+
+    def budget_totals(self) -> BudgetTotals:
+        """The sums behind `budget_report`, over every decode step so far that estimated its mass."""
+        totals = BudgetTotals()
+        for step in self.steps:
+            if step.mass_samples:
+                totals += BudgetTotals(step.mass_kept, step.mass_samples, step.mass_min,
+                                       step.selected_hot + step.selected_cold, step.pooled_hot + step.pooled_cold,
+                                       step.guard_events)
+        return totals
+
+
+@dataclass(frozen=True)
+class BudgetTotals:
+    """Sums over decode steps (their layers and sequences) of what the attention budget kept; they add up over the
+    steps of several caches (a request's choices), and `report` gives the means."""
+
+    mass_kept: float = 0.0  # estimated attention mass kept, summed over `mass_samples` layer steps
+    mass_samples: int = 0
+    mass_min: float | None = None  # the least of them (None: no sample)
+    attended: int = 0  # pooled tokens attended
+    pooled: int = 0  # pooled tokens there were to attend
+    guard_events: int = 0
+
+    def __add__(self, other: BudgetTotals) -> BudgetTotals:
+        least = [value for value in (self.mass_min, other.mass_min) if value is not None]
+        return BudgetTotals(self.mass_kept + other.mass_kept, self.mass_samples + other.mass_samples,
+                            min(least, default=None), self.attended + other.attended, self.pooled + other.pooled,
+                            self.guard_events + other.guard_events)
+
+    def report(self) -> dict[str, float | int | None]:
+        """mass_kept_mean, mass_kept_min, attended_share (None where nothing was sampled) and guard_events."""
+        return {"mass_kept_mean": self.mass_kept / self.mass_samples if self.mass_samples else None,
+                "mass_kept_min": self.mass_min,
+                "attended_share": self.attended / self.pooled if self.pooled else None,
+                "guard_events": self.guard_events}
