@@ -217,6 +217,22 @@ def test_a_tiered_request_reports_its_kv_tiers_while_it_runs_and_counts_cold_rea
     assert after[("kvtier:num_requests_running", (("path", "tiered"),))] == 0
 
 
+def test_a_short_prompt_beside_a_decoding_tiered_request_goes_in_while_the_tiered_one_sits_out(server, raw, client):
+    url = server[0].url
+    prompt = "A lighthouse keeper writes down every ship that passes the cape at night. " * 30  # ~480 tokens
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    before, short = scrape(url, KEY), None
+    with raw.stream("POST", "/v1/completions", json=body) as response:
+        for line in filter(None, response.iter_lines()):
+            if short is None:  # its first token is out: it decodes now
+                short = client.completions.create(model=MODEL, prompt="Paris is", max_tokens=2, temperature=0)
+    after = scrape(url, KEY)
+    assert short.usage.completion_tokens == 2
+    assert moved(before, after, "kvtier:requests_total", path="tiered") == 1
+    assert moved(before, after, "kvtier:tiered_sit_outs_total") >= 1  # the short prompt's forward ran alone
+
+
 PARIS = "What is the capital of France? Answer in one word."
 
 

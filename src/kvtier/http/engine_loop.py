@@ -52,6 +52,7 @@ class EngineSnapshot:
     swap_in_bytes: int
     preemptions: int
     recomputes: int
+    tiered_sit_outs: int  # steps the tiered sequences sat out so that a short prompt went in alone
     tiered_running: int
     tiered_waiting: int
     tiered_kv_bytes: dict[str, int]  # summed over the running tiered sequences, per tier
@@ -80,7 +81,8 @@ def take_snapshot(engine: LLMEngine) -> EngineSnapshot:
         swap_file_bytes=os.path.getsize(file.path) if file is not None else 0,
         swap_outs=scheduler.stats.swap_outs, swap_ins=scheduler.stats.swap_ins,
         swap_out_bytes=swap.stats.out_bytes if swap else 0, swap_in_bytes=swap.stats.in_bytes if swap else 0,
-        preemptions=scheduler.stats.preemptions, recomputes=scheduler.stats.recomputes)
+        preemptions=scheduler.stats.preemptions, recomputes=scheduler.stats.recomputes,
+        tiered_sit_outs=scheduler.stats.tiered_sit_outs)
 
 
 class EngineLoop:

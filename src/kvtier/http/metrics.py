@@ -78,6 +78,8 @@ class _EngineCollector(Collector):
                 ("kvtier:preemptions", "Sequences preempted for blocks", engine.preemptions),
                 ("kvtier:recomputes", "Sequences whose KV was dropped and recomputed", engine.recomputes),
                 ("kvtier:tiered_requests", "Tiered requests that started (their KV opened)", tiered.get("requests", 0)),
+                ("kvtier:tiered_sit_outs", "Steps the tiered sequences sat out so that a short prompt's forward ran "
+                 "without their sparse steps", engine.tiered_sit_outs),
                 ("kvtier:tiered_cold_read_bytes", "Bytes tiered sequences read from their cold pools on disk",
                  tiered.get("cold_read_bytes", 0)),
                 ("kvtier:tiered_scorer_restarts", "Restarts of the tiered sequences' storage scorer processes",
