@@ -23,15 +23,16 @@ MODEL = "smollm2-135m"
 
 
 @contextmanager
-def running_server(llm, directory: Path, api_key: str | None = None, sparse: bool = False,
+def running_server(llm, directory: Path, api_key: str | None = None, sparse: bool = False, top_p: float | None = None,
                    **engine: object) -> Iterator[tuple[ServerThread, Backend]]:
-    """Serve `llm` with `engine` (EngineConfig fields; flash file under `directory`) until the block ends."""
+    """Serve `llm` with `engine` (EngineConfig fields; flash file under `directory`) until the block ends; `top_p`:
+    the tiered sequences' adaptive budget (else alpha 0.2)."""
     # With `sparse`, long prompts are tiered: 4 MiB of host each, so a few hundred tokens already reach the cold pool.
     config = EngineConfig(**({"block_tokens": 16, "io_threads": 2, "flash_path": str(directory / "flash.kvc"),
                               "host_kv_budget": "16MiB", "max_tiered_seqs": 4} | engine))
     tiers = None
     if sparse:
-        kv = KVConfig(kv="sparse", storage_dir=str(directory))
+        kv = KVConfig(kv="sparse", storage_dir=str(directory), top_p=top_p)
         tiers = SparseTiers(llm, kv, DocumentStore(directory / "store"))
     backend = build_backend(llm, config, ServerSettings(MODEL, api_key), tiers)
     with ServerThread(create_app(backend), grace_over=backend.fail_unfinished) as server:

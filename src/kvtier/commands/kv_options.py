@@ -37,14 +37,8 @@ def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -
     group.add_argument("--block-tokens", type=int, default=defaults.block_tokens, help="tokens per KV block")
     group.add_argument("--io-threads", type=int, default=defaults.io_threads, help="I/O threads for the disk tier")
     sparse = parser.add_argument_group("selective KV (--kv sparse, h2o, infinigen, leoam, quest)")
-    sparse.add_argument("--alpha", type=_alpha, default=defaults.alpha,
-                        help="importance rate: share of pooled tokens attended per step; 'auto' (--kv sparse): the "
-                             f"adaptive budget at --top-p {DEFAULT_TOP_P}")
-    sparse.add_argument("--top-p", type=float, default=None,
-                        help="--kv sparse: attend per layer and step the fewest tokens whose estimated attention mass "
-                             f"reaches this (between {SparseSettings.min_share * 100:g}%% and "
-                             f"{SparseSettings.max_share * 100:g}%% of the pooled tokens, more where the mass stays "
-                             "low); alpha then only plans the hot/cold split")
+    add_budget_options(sparse, "importance rate: share of pooled tokens attended per step; 'auto' (--kv sparse): the "
+                               f"adaptive budget at --top-p {DEFAULT_TOP_P}", "--kv sparse: ")
     sparse.add_argument("--score-bits", type=int, choices=SCORE_BITS, default=defaults.score_bits, help="key sketch precision (the sketches draw up the cold shortlist that exact scores rank)")
     sparse.add_argument("--beta", default=defaults.beta, help="hot/cold split Mc/Ms, or 'auto' (calibrated latency model)")
     sparse.add_argument("--sink", type=int, default=defaults.sink, help="first tokens always attended")
@@ -53,6 +47,22 @@ def add_kv_options(parser: argparse.ArgumentParser, default_kv: str = "dense") -
                         help="--kv sparse: score each layer's cold pool with its own query only, instead of "
                              "prefetching its candidates with a query predicted from the previous layer (done for "
                              "layers with at least 256 cold tokens per sequence)")
+
+
+def add_budget_options(group: argparse._ArgumentGroup, alpha_help: str, top_p_prefix: str = "") -> None:
+    """--alpha (a share, or 'auto') and --top-p: how many tokens a selective step attends (`budget_from`)."""
+    group.add_argument("--alpha", type=_alpha, default=KVConfig.alpha, help=alpha_help)
+    group.add_argument("--top-p", type=float, default=None,
+                       help=f"{top_p_prefix}attend per layer and step the fewest tokens whose estimated attention mass "
+                            f"reaches this (between {SparseSettings.min_share * 100:g}%% and "
+                            f"{SparseSettings.max_share * 100:g}%% of the pooled tokens, more where the mass stays "
+                            "low); alpha then only plans the hot/cold split")
+
+
+def budget_from(args: argparse.Namespace) -> dict[str, float | None]:
+    """KVConfig's alpha and top_p from `add_budget_options`' options ('auto': the adaptive budget at its default)."""
+    return {"alpha": KVConfig.alpha if args.alpha == "auto" else args.alpha,
+            "top_p": DEFAULT_TOP_P if args.alpha == "auto" and args.top_p is None else args.top_p}
 
 
 def _alpha(text: str) -> float | str:
@@ -86,8 +96,7 @@ def kv_config_from(args: argparse.Namespace) -> KVConfig:
         storage_dir=args.storage_dir,
         block_tokens=args.block_tokens,
         io_threads=args.io_threads,
-        alpha=KVConfig.alpha if args.alpha == "auto" else args.alpha,
-        top_p=DEFAULT_TOP_P if args.alpha == "auto" and args.top_p is None else args.top_p,
+        **budget_from(args),
         score_bits=args.score_bits,
         beta=args.beta,
         sink=args.sink,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from kvtier.engine.config import ALLOCATORS, SWAP_MODES, EngineConfig
+from kvtier.commands.kv_options import add_budget_options, budget_from
+from kvtier.engine.config import ALLOCATORS, GPU_STEP_TOKENS, STEP_TOKENS, SWAP_MODES, EngineConfig
+from kvtier.sparse.settings import DEFAULT_TOP_P
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +31,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
                        help="sequences running at once (default %(default)s)")
     group.add_argument("--max-batched-tokens", type=int, default=defaults.max_batched_tokens,
-                       help="tokens per forward, bounds prefill chunks (default %(default)s)")
+                       help=f"tokens per forward, bounds prefill chunks (default {STEP_TOKENS['cpu']} on a CPU, "
+                            f"{GPU_STEP_TOKENS} on a GPU)")
     tiered = parser.add_argument_group("long prompts (tiered sequences: HillInfer's tiers under the engine)")
     tiered.add_argument("--no-sparse", dest="sparse", action="store_false",
                         help="refuse prompts beyond the device pool instead of serving them as tiered sequences")
@@ -43,6 +46,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                              "its window and hot pool set aside on flash (default %(default)s: never)")
     tiered.add_argument("--storage-dir", default=None,
                         help="directory of the tiered sequences' cold-pool files (default: <user cache>/kvtier/kv)")
+    add_budget_options(tiered, "share of a tiered sequence's pooled tokens attended per decode step (default "
+                               f"%(default)s); 'auto': the adaptive budget at --top-p {DEFAULT_TOP_P}")
 
 
 def engine_config_from(args: argparse.Namespace, **overrides: object) -> EngineConfig:
@@ -57,11 +62,12 @@ def engine_config_from(args: argparse.Namespace, **overrides: object) -> EngineC
 
 
 def tiers_from(args: argparse.Namespace, llm, store=None):
-    """The tiered sequences' provider for `llm` (None with --no-sparse): the sparse path's defaults, its cold pools
-    under --storage-dir, documents reused from and stored to `store` (a DocumentStore, or None)."""
+    """The tiered sequences' provider for `llm` (None with --no-sparse): the sparse path's defaults at --alpha or
+    --top-p, its cold pools under --storage-dir, documents reused from and stored to `store` (a DocumentStore, or
+    None)."""
     if not args.sparse:
         return None
     from kvtier.kv_config import KVConfig
     from kvtier.tiered_kv import SparseTiers
 
-    return SparseTiers(llm, KVConfig(kv="sparse", storage_dir=args.storage_dir), store)
+    return SparseTiers(llm, KVConfig(kv="sparse", storage_dir=args.storage_dir, **budget_from(args)), store)

@@ -23,6 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvtier.engine.sampling_params import SamplingParams
+from kvtier.http.attention_budget import FIELD, BudgetUpdate, RequestBudget
 from kvtier.http.backend import TIERED, Backend
 from kvtier.http.choice import Choice
 from kvtier.http.error_responses import APIError
@@ -69,6 +70,7 @@ class Generation:
         self.prompt_tokens = len(ids)
         self.choices = [Choice(index, backend.decode, stop, sampling.min_tokens) for index in range(sampling.sequences)]
         self.prompt_entries: list[Entry] = []  # echo with logprobs: the prompt's tokens, the first with none
+        self.budget = RequestBudget()  # tiered: what the sparse selection of its choices kept
         self.id = shape.id_prefix + uuid.uuid4().hex
         self.created = int(time.time())
         self._arrived = self._last = arrived
@@ -88,6 +90,9 @@ class Generation:
         try:
             while not self.finished:
                 item = await self.stream.get()
+                if isinstance(item, BudgetUpdate):
+                    self.budget.update(item)
+                    continue
                 if isinstance(item, Finished):
                     for choice in self._ended_by(item):
                         yield choice, choice.end(item.reason), True
@@ -125,11 +130,12 @@ class Generation:
         choices = [self.shape.choice(index, (self.echo or "") + choice.text.text, choice.finish_reason,
                                      self._logprobs(self.prompt_entries + choice.logprobs, Reported()))
                    for index, choice in enumerate(self._returned())]
-        return self._envelope(self.shape.object) | {"choices": choices, "usage": self.usage()}
+        return self._envelope(self.shape.object) | {"choices": choices, "usage": self.usage()} | self.attention_budget()
 
     async def events(self, include_usage: bool) -> AsyncIterator[str]:
         """Server-sent events: chunks of each choice's text (the last with its finish reason), usage if asked,
-        `[DONE]`."""
+        `[DONE]`. A tiered request's last chunk (the usage's, else the one that ends its last choice) carries its
+        attention budget."""
         extra = {"usage": None} if include_usage else {}
         reported = [Reported() for _ in self.choices]
         started: set[int] = set()
@@ -141,19 +147,24 @@ class Generation:
                 entries = (self.prompt_entries if first else []) + choice.unreported()
                 delta = self.shape.delta(choice.index, text, choice.finish_reason if ended else None,
                                          self._logprobs(entries, reported[choice.index]), first)
-                yield _sse(self._chunk([delta]) | extra)
+                last = {} if include_usage or not self.finished else self.attention_budget()
+                yield _sse(self._chunk([delta]) | extra | last)
         except APIError as error:
             yield _sse(error.body())
             yield "data: [DONE]\n\n"
             return
         if include_usage:
-            yield _sse(self._chunk([]) | {"usage": self.usage()})
+            yield _sse(self._chunk([]) | {"usage": self.usage()} | self.attention_budget())
         yield "data: [DONE]\n\n"
 
     def usage(self) -> dict[str, int]:
         completion = sum(choice.tokens for choice in self.choices)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                 "total_tokens": self.prompt_tokens + completion}
+
+    def attention_budget(self) -> dict[str, Any]:
+        """A tiered request's `attention_budget` field (attention_budget.py); nothing for a paged one."""
+        return {FIELD: self.budget.report()} if self.path == TIERED else {}
 
     async def _collect(self) -> None:
         async for _ in self.deltas():

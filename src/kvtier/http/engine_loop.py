@@ -3,7 +3,9 @@
 The engine is not thread-safe, so only this thread touches it: handlers queue
 commands (add a request, abort one or one of its choices, stop) and the thread
 applies them between steps. Each generated token's event goes to its request's
-`TokenStream`, and a `Finished` after each choice's last. When nothing is
+`TokenStream`, and a `Finished` after each choice's last; a tiered choice's
+token comes after its sparse cache's attention budget sums (a `BudgetUpdate`:
+the server's tiered sequences are kvtier.tiered_kv's). When nothing is
 running the thread sleeps on the command queue instead of spinning.
 
 After every step, before handing out its tokens, the thread publishes an
@@ -23,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtier.errors import KvtierError
-from kvtier.engine.outputs import TokenEvent
 from kvtier.engine.serving_engine import LLMEngine
 from kvtier.engine.sequence import SamplingParams
-from kvtier.http.token_stream import SHUTTING_DOWN, Finished, TokenStream, deliver
+from kvtier.http.attention_budget import BudgetUpdate
+from kvtier.http.token_stream import SHUTTING_DOWN, Finished, Item, TokenStream, deliver
 from kvtier.kv.contract import TIERS
 
 log = logging.getLogger(__name__)
@@ -178,6 +180,7 @@ class EngineLoop:
             self._abort(stream, "abort")
 
     def _step(self) -> None:
+        tiered = {(seq.group, seq.index): seq.kv for seq in self.engine.scheduler.tiered_running()}
         try:
             events = self.engine.step_events()
         except Exception as error:  # an engine bug must not take the server down: fail what was in flight
@@ -187,9 +190,12 @@ class EngineLoop:
             self.snapshot = take_snapshot(self.engine)
             return
         self.snapshot = take_snapshot(self.engine)  # before any client hears of this step's results
-        items: list[tuple[TokenStream, TokenEvent | Finished]] = []
+        items: list[tuple[TokenStream, Item]] = []
         for event in events:
             stream = self._streams[event.request_id]
+            kv = tiered.get((event.request_id, event.index))
+            if event.token_id is not None and kv is not None:  # its KV closes when it ends: held from before the step
+                items.append((stream, BudgetUpdate(event.index, kv.budget_totals())))
             if event.token_id is not None:
                 items.append((stream, event))
             if event.queue_s is not None:
