@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from kvtier.commands.kv_options import add_budget_options, budget_from
-from kvtier.engine.config import ALLOCATORS, GPU_STEP_TOKENS, STEP_TOKENS, SWAP_MODES, EngineConfig
+from kvtier.engine.config import ALLOCATORS, SWAP_MODES, EngineConfig
 from kvtier.sparse.settings import DEFAULT_TOP_P
 
 
@@ -31,8 +31,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
                        help="sequences running at once (default %(default)s)")
     group.add_argument("--max-batched-tokens", type=int, default=defaults.max_batched_tokens,
-                       help=f"tokens per forward, bounds prefill chunks (default {STEP_TOKENS['cpu']} on a CPU, "
-                            f"{GPU_STEP_TOKENS} on a GPU)")
+                       help="tokens per forward, bounds prefill chunks (default %(default)s)")
     tiered = parser.add_argument_group("long prompts (tiered sequences: HillInfer's tiers under the engine)")
     tiered.add_argument("--no-sparse", dest="sparse", action="store_false",
                         help="refuse prompts beyond the device pool instead of serving them as tiered sequences")
