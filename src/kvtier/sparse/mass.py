@@ -55,19 +55,19 @@ class TopP:
         Returns:
             int64 [B] counts (0 to n), bool [B] guard events.
         """
-        real = np.isfinite(masses)
-        scored = real.sum(axis=1)  # per sequence: the padding is no token
-        ordered = -np.sort(-np.where(real, masses, 0.0), axis=1)
-        running = window_mass[:, None] + np.cumsum(ordered, axis=1)
-        reaching = np.minimum((running < self.p).sum(axis=1) + 1, scored)
-        least = np.minimum(math.ceil(self.floor * pooled), scored)
-        most = np.minimum(max(math.ceil(self.ceiling * pooled), math.ceil(self.floor * pooled)), scored)
-        clamped = np.clip(reaching, least, most)
-        at_count = np.take_along_axis(running, np.maximum(clamped - 1, 0)[:, None], axis=1)[:, 0] \
-            if masses.shape[1] else window_mass
-        kept = np.where(clamped > 0, at_count, window_mass)
-        guarded = (kept < self.guard) & (reaching > clamped)
-        return np.where(guarded, reaching, clamped).astype(np.int64), guarded
+        scored = np.isfinite(masses).sum(axis=1).tolist()  # per sequence: the padding is no token
+        running = window_mass[:, None] + np.cumsum(np.sort(np.maximum(masses, 0.0), axis=1)[:, ::-1], axis=1)
+        below = (running < self.p).sum(axis=1).tolist()  # by falling mass, the sum grows: the count short of P
+        floor = math.ceil(self.floor * pooled)
+        ceiling = max(math.ceil(self.ceiling * pooled), floor)
+        counts, guarded = [], []
+        for row, (tokens, short) in enumerate(zip(scored, below)):  # a few sequences: per-op costs dominate
+            reaching = min(short + 1, tokens)
+            clamped = min(max(reaching, min(floor, tokens)), min(ceiling, tokens))
+            kept = running[row, clamped - 1] if clamped > 0 else window_mass[row]
+            guarded.append(bool(kept < self.guard) and reaching > clamped)
+            counts.append(reaching if guarded[-1] else clamped)
+        return np.array(counts, dtype=np.int64), np.array(guarded, dtype=bool)
 
 
 def estimate(exact: list[torch.Tensor], unread: np.ndarray | None, scaling: float, softcap: float | None,
