@@ -6,7 +6,7 @@ import torch
 from transformers.models.llama import modeling_llama
 
 import tiny_models
-from kvtier.errors import ConfigError
+from kvtier.errors import ChecksumError, ConfigError
 from kvtier.sparse.lookahead import Lookahead, QueryForecast
 from kvtier.sparse.settings import SparseSettings
 
@@ -112,3 +112,32 @@ def test_a_step_keeps_what_the_step_before_asked_for_it_and_drops_the_rest():
     lookahead.start(0, query, 100, counts, next_step=True)
     lookahead.open_step()
     assert lookahead.in_flight == () and scorer.answered == 4 and scorer.asked == [0, 1, 5, 0]
+
+
+class _Forecast:
+    def close(self) -> None:
+        pass
+
+
+class _DamagedScorer(_Scorer):
+    """Its first answer fails its reads, as a damaged page does."""
+
+    def candidates(self):
+        if self.answered == 0:
+            self.answered += 1
+            raise ChecksumError("damaged page")
+        return super().candidates()
+
+
+def test_closing_finishes_every_request_in_flight_though_one_met_a_damaged_page():
+    scorer, query, counts = _DamagedScorer(), np.zeros((1, 1, 1, 8), dtype=np.float32), np.array([16])
+    lookahead = Lookahead(_Forecast(), 1.5, 2, 1, scorer, None)
+    for tier in (0, 1):
+        lookahead.start(tier, query, 100, counts, next_step=True)
+    lookahead.close()  # the sequence is dropped for the damage: its dropped requests' failures are nobody's
+    assert lookahead.in_flight == () and scorer.answered == 2  # the second request finished too
+    damaged = _DamagedScorer()
+    lookahead = Lookahead(_Forecast(), 1.5, 2, 1, damaged, None)
+    lookahead.start(0, query, 100, counts)
+    with pytest.raises(ChecksumError):  # mid-run, a step that drops it still meets the failure
+        lookahead.drain()

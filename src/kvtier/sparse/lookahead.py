@@ -46,6 +46,7 @@ layer of the first step reads its candidates on its own.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from collections.abc import Callable
@@ -56,6 +57,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from kvtier.errors import StorageError
 from kvtier.kernels import ops
 from kvtier.sparse.cold.cold_pool import Fetched
 from kvtier.sparse.selection import MIN_CANDIDATES, candidate_counts
@@ -369,13 +371,21 @@ class Lookahead:
     def drain(self) -> None:
         """Finish what is in flight and drop it (a step that ended midway): the scorer is free."""
         while self._tiers:
-            self._tiers.popleft()
-            self.scorer.candidates()
+            self._drop_oldest()
         self._for_next_step = []
 
+    def _drop_oldest(self) -> None:
+        self._tiers.popleft()
+        self.scorer.candidates()
+
     def close(self) -> None:
+        """Finish what is in flight (the scorer must not still read when the pool closes) and let go of the model's
+        layers. A request no step will take whose reads fail (a damaged page: the cache is closed for it, as a
+        sequence whose step met the damage is) raises nothing here, and the rest are still finished."""
         try:
-            self.drain()  # the scorer must not still read when the pool closes
+            while self._tiers:
+                with contextlib.suppress(StorageError):
+                    self._drop_oldest()
         finally:
             self.forecast.close()
 
