@@ -33,7 +33,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--corpora", type=corpus_list, default=list(CORPUS_NAMES), metavar="NAME,...",
                         help=f"corpora to cut a document from, each in turn (default: {','.join(CORPUS_NAMES)})")
     parser.add_argument("--modes", type=_mode_list, default=["dense", "offload", "sparse"], metavar="KV,...",
-                        help="KV modes, in the order each round runs them (default dense,offload,sparse)")
+                        help="KV modes, in the order each round runs them (default dense,offload,sparse); "
+                        "sparse-auto: sparse with --alpha auto")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--device-kv-budget", type=_size, default="8MiB", help="of the tiered modes (default %(default)s)")
     parser.add_argument("--host-kv-budget", type=_size, default="48MiB", help="of the tiered modes (default %(default)s)")
@@ -57,9 +58,12 @@ def _size(value: str) -> str:
 
 
 def _mode_list(value: str) -> list[str]:
+    from kvtier.eval.sparse.generate_bench import VARIANTS
+
+    known = [*KV_MODES, *VARIANTS]
     modes = [mode.strip() for mode in value.split(",") if mode.strip()]
-    if not modes or len(set(modes)) != len(modes) or any(mode not in KV_MODES for mode in modes):
-        raise argparse.ArgumentTypeError(f"{value!r}: give distinct KV modes among {', '.join(KV_MODES)}, "
+    if not modes or len(set(modes)) != len(modes) or any(mode not in known for mode in modes):
+        raise argparse.ArgumentTypeError(f"{value!r}: give distinct KV modes among {', '.join(known)}, "
                                          "separated by commas")
     return modes
 

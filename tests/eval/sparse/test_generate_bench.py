@@ -60,6 +60,16 @@ def test_without_a_tiered_mode_dense_stores_the_document(tmp_path):
     assert [argv[argv.index("--kv") + 1] for argv in runner.calls] == ["dense", "dense"]
 
 
+def test_sparse_auto_runs_the_sparse_path_with_the_adaptive_budget_under_its_own_name(tmp_path):
+    runner = FakeGenerate()
+    result = run_generate_benchmark(_bench(modes=("sparse", "sparse-auto"), rounds=1, corpora=("code",)),
+                                    {"code": tmp_path / "d"}, runner, lambda: False)
+    alphas = [argv[argv.index("--alpha") + 1] if "--alpha" in argv else None for argv in runner.calls]
+    assert [argv[argv.index("--kv") + 1] for argv in runner.calls] == ["sparse"] * 4
+    assert alphas == [None, "auto", None, "auto"]  # each stores its own image first, then the timed runs
+    assert list(result["corpora"]["code"]["runs"]) == ["sparse", "sparse-auto"]
+
+
 def test_documents_are_cut_to_the_tokens_asked(tmp_path):
     class Words:  # a tokenizer of whitespace words
         def __call__(self, text):

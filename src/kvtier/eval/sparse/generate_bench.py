@@ -31,6 +31,8 @@ from kvtier.errors import KvtierError
 # A `kvtier generate` argument list -> the run's JSON line, with `process_s`: the process's wall time.
 Runner = Callable[[list[str]], dict]
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+# Modes beside the KV modes: a KV mode with options of its own (the sparse path's adaptive budget)
+VARIANTS = {"sparse-auto": ("sparse", ("--alpha", "auto"))}
 
 
 class GenerateRunError(KvtierError):
@@ -117,10 +119,12 @@ def _storing_modes(modes: tuple[str, ...]) -> list[str]:
 
 
 def _argv(bench: GenerateBench, document: Path, mode: str, max_new_tokens: int | None = None) -> list[str]:
-    """The `kvtier generate` arguments of one run (budgets for the tiered modes only: dense keeps every token)."""
+    """The `kvtier generate` arguments of one run (budgets for the tiered modes only: dense keeps every token); a
+    VARIANTS mode runs its KV mode with its options."""
+    kv, options = VARIANTS.get(mode, (mode, ()))
     argv = ["generate", "--model", bench.model, "--dtype", bench.dtype, "--file", str(document),
             "--question", bench.question, "--max-new-tokens", str(max_new_tokens or bench.max_new_tokens),
-            "--kv", mode, "--storage-dir", bench.storage_dir, "--json"]
+            "--kv", kv, *options, "--storage-dir", bench.storage_dir, "--json"]
     if mode != "dense":
         argv += ["--device-kv-budget", bench.device_kv_budget, "--host-kv-budget", bench.host_kv_budget]
     return argv + (["--kv-store", bench.kv_store] if bench.kv_store else [])
