@@ -36,10 +36,7 @@ LONG_QUESTION = "Name one place . " * 330  # more whole blocks than the document
 
 @pytest.fixture()
 def sparse(tmp_path) -> KVConfig:
-    # without the lookahead: its candidates, asked for before a layer attends, depend on which tokens placement put
-    # cold, and a fresh prefill places the prompt otherwise than the stored image did (answers must match here)
-    return KVConfig(kv="sparse", device_kv_budget="64KiB", host_kv_budget="256KiB", storage_dir=str(tmp_path),
-                    lookahead=False)
+    return KVConfig(kv="sparse", device_kv_budget="64KiB", host_kv_budget="256KiB", storage_dir=str(tmp_path))
 
 
 def ask(llm, document, store, question, config, new_tokens=NEW_TOKENS):
@@ -327,7 +324,7 @@ def test_the_lookaheads_candidates_are_read_from_the_image_where_they_lie(tiny_l
         return candidates
 
     monkeypatch.setattr(Lookahead, "take", take)
-    sparse = dataclasses.replace(every_token(sparse), lookahead=True)
+    sparse = every_token(sparse)
     ask(tiny_llm, document, store, FIRST, sparse)
     cold = generate(tiny_llm, f"{document} {SECOND}", 24, sparse, progress=False)
     taken.clear()

@@ -277,28 +277,6 @@ def test_alpha_one_with_lookahead_equals_dense(tiny_llama, tmp_path):
     _assert_dense_equivalent(sparse, _dense(tiny_llama, ids, 6))
 
 
-def test_the_first_steps_candidates_are_asked_for_as_the_prompt_is_placed(tiny_llama, tmp_path):
-    """After `place_prompt` the first layer's candidates are in flight (asked for with the prompt's last query) and
-    the first decode step takes every layer's read ahead; at alpha 1 it still equals dense."""
-    ids = _ids(2, 200, 17)
-    cache = _sparse(tiny_llama, tmp_path, 220, batch=2, alpha=1.0, **LOOKAHEAD)
-    try:
-        outputs = []
-        with torch.inference_mode():
-            for start in range(0, 200, 64):
-                outputs.append(tiny_llama(input_ids=ids[:, start : start + 64], cache=cache).logits[:, -1])
-            cache.place_prompt()
-            assert cache.runtime.lookahead.in_flight == (0,)
-            for _ in range(4):
-                outputs.append(tiny_llama(input_ids=outputs[-1].argmax(-1, keepdim=True), cache=cache).logits[:, -1])
-        first = cache.stats.steps[0]
-        assert first.lookahead_layers == 2 and first.unpredicted_fetch_s == 0 < first.fetch_s
-        assert first.selected_cold == first.pooled_cold > 0
-    finally:
-        cache.close()
-    _assert_dense_equivalent(torch.stack(outputs), _dense(tiny_llama, ids, 4))
-
-
 def test_the_predicted_layers_are_folded_before_the_first_step(tmp_path):
     """Folding a layer's query projection costs a decode step a few hundred microseconds a layer: done at set-up,
     for the layers the lookahead predicts (after the first `lookahead_skip`) and only those."""

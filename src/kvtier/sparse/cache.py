@@ -67,14 +67,10 @@ class SparseCache(Cache, SelectiveKVCache):
 
     def place_prompt(self) -> None:
         """Split the prompt's K/V into device window, hot and cold pools now, at the end of prefill,
-        rather than inside the first decode step (which then costs what any later step costs). With the lookahead,
-        the first decode step's candidates are then asked for, as a step asks for the next, so the scorer reads
-        them while the first token is made and that step reads none on its own."""
-        placing = [layer for layer in self._tiered() if layer.tokens and not layer.distributed]
-        for layer in placing:
-            layer.distribute()
-        if placing and self.runtime.lookahead is not None:
-            self.runtime.lookahead.ask_for_first_step()
+        rather than inside the first decode step (which then costs what any later step costs)."""
+        for layer in self.layers:
+            if isinstance(layer, SparseLayer) and layer.tokens and not layer.distributed:
+                layer.distribute()
 
     def save_placed(self, entry_dir: Path, tokens: int) -> None:
         """After `place_prompt`: add the placed tiers of positions < `tokens` to the document store entry in

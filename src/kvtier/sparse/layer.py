@@ -41,8 +41,7 @@ Life of a layer:
    them, the lookahead sends the next layers' requests, queued behind them (a
    layer that reads its own: once its reads are queued). The first layers'
    were asked for as the step before ended, with the queries they attended
-   with there; at the first step, as the prompt's placement ended, with the
-   prompt's last queries. stats.py times each phase of the step.
+   with there. stats.py times each phase of the step.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ from kvtier.sparse.cold.cold_pool import Fetched
 from kvtier.sparse.hot.hit_table import HitTable
 from kvtier.sparse.hot.hot_pool import HotPool
 from kvtier.sparse.hot.migration import NO_SWAPS, HitPolicy, PingPongMeter, Swaps
-from kvtier.sparse.hot.initial_placement import first_cold_picks, seed_hits, selection_importance, split_hot_cold
+from kvtier.sparse.hot.initial_placement import seed_hits, selection_importance, split_hot_cold
 from kvtier.sparse.mass import TopP, estimate, sketch_mass
 from kvtier.sparse.selection import (
     Picks, Segment, candidate_scores, candidates_in_place, chosen_copied, chosen_in_place, cold_picks, exact_attention,
@@ -116,8 +115,7 @@ class SparseLayer(WindowedLayer):
         self.table: HitTable | None = None
         self.meter = PingPongMeter()
         self._observation: torch.Tensor | None = None
-        # cold tokens each sequence chose at the last step (lookahead.py); before the first, as placement foresaw
-        self.cold_picked: np.ndarray | None = None
+        self.cold_picked: np.ndarray | None = None  # cold tokens each sequence chose at the last step (lookahead.py)
         self.aside_tokens = 0  # window and hot tokens per sequence in a set-aside file (set_aside.py)
 
     def make_pool(self, batch: int, heads: int, head_dim: int) -> None:
@@ -154,23 +152,7 @@ class SparseLayer(WindowedLayer):
                 self._split(rest)
         elif pool.stop > pool.start:
             self._split(pool)
-        self._ready_first_step(pool)
         self._observation = None
-
-    def _ready_first_step(self, pool: slice) -> None:
-        """What the lookahead asks for the first decode step's candidates with, at the end of placement (as a step's
-        end asks for the next): the cold tokens that step would pick per sequence were its query the prompt's last
-        (`cold_picked`, which sizes the candidates; alpha's share, which also plans the top-p budget), and, for a
-        layer asked for a step ahead, that query. Nothing without a lookahead or the prompt's queries."""
-        if self.lookahead is None or self._observation is None:
-            return
-        last = self._observation[:, :, -1:]
-        hot = np.zeros((len(last), pool.stop - pool.start), dtype=bool)
-        np.put_along_axis(hot, self.hot.positions[:, : self.hot.used] - pool.start, True, axis=1)
-        self.cold_picked = first_cold_picks(last, self.keys[:, :, pool], hot, self.settings.alpha,
-                                            self.settings.aggregation)
-        if self.lookahead.asks_a_step_ahead(self.tier):
-            self.lookahead.keep_query(self.tier, self.runtime.score_query(self.runtime.grouped_query(last)).numpy())
 
     def _split(self, pool: slice) -> None:
         """Place the pool's tokens hot or cold by observation-window importance, within the hot pool's room."""

@@ -37,11 +37,7 @@ tiered layer starts attending, the scorer is sent their queries of the step
 now ending, and it reads their candidates while the model finishes the step
 and begins the next (the hit table's observation: what a layer chose at one
 step it mostly chooses at the next). A step that begins with anything else in
-flight (the one before ended midway) drops it all (`open_step`). The first
-decode step's are asked for the same way as the prompt's placement ends,
-with the prompt's last queries, and placement sizes every layer's candidates
-for that step by what that query would pick (`ask_for_first_step`): no
-layer of the first step reads its candidates on its own.
+flight (the one before ended midway) drops it all (`open_step`).
 """
 
 from __future__ import annotations
@@ -310,14 +306,6 @@ class Lookahead:
                                                                self.skip):
             return False
         return self._ask_for(target, lambda: self.forecast.score_query(target.layer_idx))
-
-    def ask_for_first_step(self) -> None:
-        """At the end of the prompt's placement: start scoring and reading the first tiered layers' candidates for the
-        first decode step with the prompt's last queries (`keep_query`), as the end of a step asks for the next;
-        within that step the layers after them are predicted as in any other (placement set their `cold_picked`).
-        Nothing while requests are in flight or where a first layer kept no query."""
-        if not self._tiers and all(query is not None for query in self._step_queries):
-            self._ask_for_next_step()
 
     def _ask_for_next_step(self) -> None:
         """Start scoring and reading the first tiered layers' candidates for the next step with the queries they

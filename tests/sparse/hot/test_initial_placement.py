@@ -2,7 +2,7 @@ import numpy as np
 import torch
 
 from kvtier.baselines.prompt_attention import attention_mass
-from kvtier.sparse.hot.initial_placement import first_cold_picks, seed_hits, selection_importance, split_hot_cold
+from kvtier.sparse.hot.initial_placement import seed_hits, selection_importance, split_hot_cold
 
 
 def test_selection_importance_averages_the_summed_dots_each_key_receives_from_the_queries_that_see_it():
@@ -49,15 +49,3 @@ def test_split_keeps_the_most_important_hot_in_position_order():
 def test_seed_hits_marks_the_top_alpha():
     hits = seed_hits(np.array([[0.1, 0.9, 0.3, 0.8, 0.0]]), alpha=0.4)
     assert hits.tolist() == [[0, 1, 0, 1, 0]]
-
-
-def test_first_cold_picks_count_the_cold_tokens_among_the_querys_top_share():
-    torch.manual_seed(2)
-    query, keys = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 50, 8)
-    hot = np.random.default_rng(0).random((2, 50)) < 0.4
-    picks = first_cold_picks(query, keys, hot, 0.2, "sum")
-    for seq in range(2):
-        dots = sum(query[seq, head, 0] @ keys[seq, head // 2].T for head in range(4))
-        top = torch.topk(dots, 10).indices.numpy()  # ceil(0.2 x 50)
-        assert picks[seq] == (~hot[seq, top]).sum()
-    assert first_cold_picks(query, keys[:, :, :0], hot[:, :0], 0.2, "sum").tolist() == [0, 0]

@@ -47,16 +47,3 @@ def seed_hits(importance: np.ndarray, alpha: float) -> np.ndarray:
     hits = np.zeros(importance.shape, dtype=np.uint8)
     np.put_along_axis(hits, np.argsort(-importance, axis=1, kind="stable")[:, :count], 1, axis=1)
     return hits
-
-
-def first_cold_picks(query: torch.Tensor, keys: torch.Tensor, hot: np.ndarray, share: float,
-                     aggregation: str) -> np.ndarray:
-    """Per sequence, the cold tokens a decode step with `query` [B, Hq, 1, D] would take among the pool's keys
-    [B, Hkv, n, D] if it chose their top `share` by selection score; `hot` [B, n]: whether each is in the hot pool.
-    With the prompt's last query, what the first decode step will pick, which sizes its candidates before it runs."""
-    count = int(np.ceil(share * keys.shape[2]))
-    if count == 0:
-        return np.zeros(len(hot), dtype=np.int64)
-    scores = selection_importance(query, keys, aggregation).cpu().numpy()
-    top = np.argpartition(-scores, count - 1, axis=1)[:, :count]
-    return count - np.take_along_axis(hot, top, axis=1).sum(axis=1)
