@@ -90,3 +90,7 @@ def test_the_budget_report_is_over_the_steps_that_estimated_their_mass_and_their
                                       "attended_share": 0.2, "guard_events": 1}
     assert (totals + BudgetTotals()).report() == totals.report()  # nothing sampled adds nothing, nor its min
     assert (totals + BudgetTotals(0.5, 1, 0.5, 1, 10, 2)).report()["mass_kept_min"] == 0.5
+    record.current.add_mass([0.5], 0)  # the open step's next layer counts at once
+    assert record.budget_totals().mass_samples == 5 and record.budget_totals().mass_min == 0.5
+    record.open_step()  # and stays counted once the step is closed
+    assert record.budget_totals() == BudgetTotals(pytest.approx(4.14), 5, 0.5, 40, 200, 1)

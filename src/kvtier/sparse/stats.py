@@ -122,9 +122,14 @@ class PhaseClock:
 class SparseStats:
     steps: list[StepStats] = field(default_factory=list)
     _opened: float = 0.0
+    # `budget_totals` of every step but the newest: the server asks for them at every token of a tiered sequence,
+    # on the engine's thread, where a sum over every step would grow with the answer
+    _earlier_budget: BudgetTotals = field(default_factory=lambda: BudgetTotals())
 
     def open_step(self) -> StepStats:
         self.finish()
+        if self.steps:  # the newest step takes no more layers once the next one opens
+            self._earlier_budget += _step_budget(self.steps[-1])
         self.steps.append(StepStats(step=len(self.steps)))
         self._opened = time.perf_counter()
         return self.steps[-1]
@@ -168,13 +173,15 @@ class SparseStats:
 
     def budget_totals(self) -> BudgetTotals:
         """The sums behind `budget_report`, over every decode step so far that estimated its mass."""
-        totals = BudgetTotals()
-        for step in self.steps:
-            if step.mass_samples:
-                totals += BudgetTotals(step.mass_kept, step.mass_samples, step.mass_min,
-                                       step.selected_hot + step.selected_cold, step.pooled_hot + step.pooled_cold,
-                                       step.guard_events)
-        return totals
+        return self._earlier_budget + _step_budget(self.steps[-1]) if self.steps else self._earlier_budget
+
+
+def _step_budget(step: StepStats) -> BudgetTotals:
+    """One step's part of `SparseStats.budget_totals` (nothing where it estimated no mass)."""
+    if not step.mass_samples:
+        return BudgetTotals()
+    return BudgetTotals(step.mass_kept, step.mass_samples, step.mass_min, step.selected_hot + step.selected_cold,
+                        step.pooled_hot + step.pooled_cold, step.guard_events)
 
 
 @dataclass(frozen=True)
